@@ -1,0 +1,189 @@
+"""Write the golden wire vectors: ``<name>.msgpack`` (exact bytes) and ``<name>.json``.
+
+Run from the repository root:  python tests/vectors/generate.py
+The test suite checks that the committed files equal what this script produces, so a change
+to serving/protocol.py that alters bytes shows up as a diff here (and breaks the Rust side).
+
+JSON convention: a msgpack ``bin`` value is written as ``{"$base64": "<standard base64>"}``;
+everything else maps one to one (nil <-> null). Key order in the JSON equals the msgpack order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from serving import protocol as p
+
+HERE = Path(__file__).resolve().parent
+BIN_TAG = "$base64"
+
+# Exactly representable float32 values, so every language prints and parses them the same.
+EMBEDDINGS_2X3 = np.array([[0.5, -1.0, 0.25], [1.5, 0.0, -0.125]], dtype=np.float32)
+EMBEDDINGS_1X4 = np.array([[1.0, 2.0, -3.5, 0.75]], dtype=np.float32)
+
+
+def messages() -> dict[str, Any]:
+    """Every vector by name. Values are chosen to exercise each msgpack width class we use."""
+    return {
+        "socket_hello_request": p.HelloRequest(id=1, protocol=1, client="taskfleet-sidecar 0.1.0"),
+        "socket_hello_reply": p.HelloReply(
+            id=1,
+            protocol=1,
+            runtime="torch",
+            runtime_version="2.5.1",
+            capabilities=["embed", "lora", "mixed_adapters"],
+        ),
+        "socket_load_request": p.LoadRequest(
+            id=2,
+            model_key="minilm+legal-de@3f2a",
+            base_path="/models/all-MiniLM-L6-v2",
+            adapter_path="/adapters/3f2a",
+            query_prefix="query: ",
+            passage_prefix="passage: ",
+            max_seq_length=None,
+        ),
+        "socket_load_reply": p.LoadReply(
+            id=2, model_key="minilm+legal-de@3f2a", memory_bytes=90_868_224
+        ),
+        "socket_unload_request": p.UnloadRequest(id=3, model_key="minilm+legal-de@3f2a"),
+        "socket_unload_reply": p.UnloadReply(
+            id=3, model_key="minilm+legal-de@3f2a", memory_bytes=294_912
+        ),
+        "socket_infer_request": p.InferRequest(
+            id=300,
+            batch_id="b-000042",
+            items=[
+                p.InferItem(model_key="minilm", kind="query", texts=["Was regelt § 823 BGB?"]),
+                p.InferItem(
+                    model_key="minilm+legal-de@3f2a",
+                    kind="passage",
+                    texts=["Schadensersatzpflicht", "Haftung für Verschulden"],
+                ),
+            ],
+        ),
+        "socket_infer_reply": p.InferReply(
+            id=300,
+            batch_id="b-000042",
+            results=[
+                p.InferResult.from_matrix(EMBEDDINGS_2X3[1:]),
+                p.InferResult.from_matrix(EMBEDDINGS_2X3),
+            ],
+        ),
+        "socket_stats_request": p.StatsRequest(id=70_000),
+        "socket_stats_reply": p.StatsReply(
+            id=70_000,
+            memory_bytes=91_163_136,
+            models=[
+                p.ModelStats(
+                    model_key="minilm", memory_bytes=0, base_key="/models/all-MiniLM-L6-v2"
+                ),
+                p.ModelStats(
+                    model_key="minilm+legal-de@3f2a",
+                    memory_bytes=294_912,
+                    base_key="/models/all-MiniLM-L6-v2",
+                ),
+            ],
+            queue_depth=2,
+        ),
+        "socket_error_reply": p.ErrorReply(
+            id=5_000_000_000,
+            error=p.ErrorInfo.of(p.ErrorCode.MODEL_NOT_LOADED, "model 'x' is not loaded"),
+        ),
+        "socket_shutdown_request": p.ShutdownRequest(id=9),
+        "socket_shutdown_reply": p.ShutdownReply(id=9),
+        "queue_payload": p.QueuePayload(
+            task="german-legal-retrieval",
+            kind="query",
+            inputs=["Kündigungsfrist Mietvertrag", "Was ist eine Grundschuld?"],
+        ),
+        "queue_payload_ref": p.QueuePayload(
+            task="german-legal-retrieval",
+            kind="passage",
+            inputs=p.PayloadRef(ref="payloads/01J9ZK3T4Q"),
+        ),
+        "reply_ok": p.ReplyOk(
+            request_id="01J9ZK3T4Q",
+            model_key="minilm+legal-de@3f2a",
+            epoch=7,
+            dims=4,
+            count=1,
+            embeddings=p.embeddings_to_bytes(EMBEDDINGS_1X4)[2],
+        ),
+        "reply_error": p.ReplyError(
+            request_id="01J9ZK3T4Q",
+            error=p.ErrorInfo.of(p.ErrorCode.INFER_FAILED, "input 3 is empty"),
+        ),
+        "placement_value": p.PlacementValue(
+            task="german-legal-retrieval",
+            epoch=12,
+            candidate="minilm+legal-de@3f2a",
+            model_key="minilm+legal-de@3f2a",
+            base_path="/models/all-MiniLM-L6-v2",
+            adapter_path="/adapters/3f2a",
+            query_prefix="",
+            passage_prefix="",
+            max_seq_length=256,
+            pinned=True,
+            replicas=2,
+            memory_bytes=91_163_136,
+        ),
+        "worker_heartbeat": p.WorkerHeartbeat(
+            worker_id="w-host1-0",
+            host="host1",
+            ts_ms=1_735_689_600_000,
+            loaded=["minilm", "minilm+legal-de@3f2a"],
+            memory_used=91_163_136,
+            memory_budget=8_589_934_592,
+            queue_depth={"german-legal-retrieval": 3, "faq-search": 0},
+            runtimes=["torch"],
+            epochs={"german-legal-retrieval": 12, "faq-search": 4},
+        ),
+    }
+
+
+def to_json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {BIN_TAG: base64.b64encode(value).decode("ascii")}
+    if isinstance(value, dict):
+        return {k: to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json_value(v) for v in value]
+    return value
+
+
+def from_json_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {BIN_TAG}:
+            return base64.b64decode(value[BIN_TAG], validate=True)
+        return {k: from_json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json_value(v) for v in value]
+    return value
+
+
+def render() -> dict[str, bytes]:
+    """File name -> exact file content for every vector."""
+    files: dict[str, bytes] = {}
+    for name, message in messages().items():
+        files[f"{name}.msgpack"] = p.pack(message)
+        text = json.dumps(to_json_value(p.to_wire(message)), indent=2, ensure_ascii=False)
+        files[f"{name}.json"] = (text + "\n").encode("utf-8")
+    return files
+
+
+def main() -> None:
+    for file_name, content in render().items():
+        (HERE / file_name).write_bytes(content)
+    print(f"wrote {len(messages())} vectors to {HERE}")
+
+
+if __name__ == "__main__":
+    main()
