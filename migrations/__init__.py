@@ -1,0 +1,1 @@
+"""Alembic environment: the only way the registry schema changes."""

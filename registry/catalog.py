@@ -1,0 +1,439 @@
+"""Tasks, base models, adapters (with lineage) and candidates."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry import entities as e
+from registry.base import ServiceBase
+from registry.errors import AlreadyExists, InvalidInput, LineageError, NotFound
+from registry.fingerprint import read_sentence_transformer_info, tree_sha256
+from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, TaskRow
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+TASK_KINDS = ("retrieval",)
+CANDIDATE_KINDS = ("embedding", "bm25")
+
+
+def check_name(kind: str, name: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise InvalidInput(
+            f"invalid {kind} name {name!r}: use lowercase letters, digits, '.', '_' or '-' "
+            "(starting with a letter or digit, at most 128 characters)"
+        )
+    return name
+
+
+def resolve_package_model(package: str) -> Path:
+    """A base model shipped inside a Python package exposes `get_model_path()`."""
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        raise InvalidInput(f"model package {package!r} is not installed") from None
+    getter = getattr(module, "get_model_path", None)
+    if getter is None:
+        raise InvalidInput(f"package {package!r} has no get_model_path()")
+    return Path(getter())
+
+
+class CatalogMixin(ServiceBase):
+    # ---- tasks -------------------------------------------------------------------------
+    def add_task(
+        self,
+        name: str,
+        *,
+        suite: str,
+        kind: str = "retrieval",
+        description: str = "",
+        owner: str = "",
+        margin: float = 0.0,
+        auto_promote: bool = False,
+    ) -> e.Task:
+        check_name("task", name)
+        if kind not in TASK_KINDS:
+            raise InvalidInput(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+        if margin < 0:
+            raise InvalidInput("margin must be >= 0")
+        with self._write() as s:
+            if s.scalar(select(TaskRow).where(TaskRow.name == name)):
+                raise AlreadyExists(f"task {name!r} already exists")
+            row = TaskRow(
+                name=name,
+                kind=kind,
+                suite=suite,
+                description=description,
+                owner=owner,
+                margin=margin,
+                auto_promote=auto_promote,
+            )
+            s.add(row)
+            s.flush()
+            self._audit(s, "task.add", "task", name, {"suite": suite, "kind": kind})
+            return task_entity(row)
+
+    def get_task(self, name: str) -> e.Task:
+        with self._read() as s:
+            return task_entity(_task_row(s, name))
+
+    def list_tasks(self) -> list[e.Task]:
+        with self._read() as s:
+            return [task_entity(r) for r in s.scalars(select(TaskRow).order_by(TaskRow.name))]
+
+    # ---- base models -------------------------------------------------------------------
+    def add_model(
+        self,
+        name: str,
+        *,
+        path: Path | None = None,
+        package: str | None = None,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        runtime_kinds: list[str] | None = None,
+    ) -> e.BaseModel:
+        check_name("model", name)
+        if (path is None) == (package is None):
+            raise InvalidInput("give exactly one of a weights path or a package reference")
+        folder = resolve_package_model(package) if package else Path(path or "").expanduser()
+        if not folder.exists():
+            raise InvalidInput(f"weights path does not exist: {folder}")
+        if not folder.is_dir():
+            raise InvalidInput(f"weights path is not a folder: {folder}")
+        if not (folder / "modules.json").is_file() and not (folder / "config.json").is_file():
+            raise InvalidInput(f"not a sentence-transformers/transformers model folder: {folder}")
+        with self._read() as s:  # fail fast before hashing hundreds of MB
+            if s.scalar(select(BaseModelRow).where(BaseModelRow.name == name)):
+                raise AlreadyExists(f"model {name!r} already exists")
+        digest = tree_sha256(folder)
+        info = read_sentence_transformer_info(folder)
+        with self._write() as s:
+            if s.scalar(select(BaseModelRow).where(BaseModelRow.name == name)):
+                raise AlreadyExists(f"model {name!r} already exists")
+            row = BaseModelRow(
+                name=name,
+                path=None if package else str(folder.resolve()),
+                package=package,
+                sha256=digest.sha256,
+                dims=info.dims,
+                max_seq_length=info.max_seq_length,
+                size_bytes=digest.size_bytes,
+                runtime_kinds=runtime_kinds or ["torch"],
+                query_prefix=query_prefix,
+                passage_prefix=passage_prefix,
+            )
+            s.add(row)
+            s.flush()
+            self._audit(s, "model.add", "base_model", name, {"sha256": digest.sha256})
+            return model_entity(row)
+
+    def get_model(self, name: str) -> e.BaseModel:
+        with self._read() as s:
+            return model_entity(_model_row(s, name))
+
+    def list_models(self) -> list[e.BaseModel]:
+        with self._read() as s:
+            rows = s.scalars(select(BaseModelRow).order_by(BaseModelRow.name))
+            return [model_entity(r) for r in rows]
+
+    def model_path(self, name: str) -> Path:
+        model = self.get_model(name)
+        folder = resolve_package_model(model.package) if model.package else Path(model.path or "")
+        if not folder.is_dir():
+            raise NotFound(f"weights of model {name!r} are no longer at {folder}")
+        return folder
+
+    # ---- adapters ----------------------------------------------------------------------
+    def register_adapter(
+        self,
+        name: str,
+        *,
+        base: str,
+        source_dir: Path,
+        training: e.TrainingRecord,
+        parent: str | None = None,
+    ) -> e.Adapter:
+        """Store the adapter folder content-addressed and record it with its lineage."""
+        check_name("adapter", name)
+        if parent == name:
+            raise LineageError(f"adapter {name!r} cannot be its own parent (lineage cycle)")
+        with self._read() as s:
+            if s.scalar(select(AdapterRow).where(AdapterRow.name == name)):
+                raise AlreadyExists(f"adapter {name!r} already exists")
+            base_row = _model_row(s, base)
+            if parent is not None:
+                parent_row = _adapter_row(s, parent)
+                if parent_row.base_model_id != base_row.id:
+                    parent_base = s.get(BaseModelRow, parent_row.base_model_id)
+                    raise LineageError(
+                        f"adapter {name!r} is on base {base!r} but its parent {parent!r} is on "
+                        f"base {parent_base.name if parent_base else '?'!r}"
+                    )
+        if not (source_dir / "adapter_config.json").is_file():
+            raise InvalidInput(f"not a peft adapter folder (no adapter_config.json): {source_dir}")
+        digest = self.artifacts.put_dir(source_dir)
+        with self._write() as s:
+            base_row = _model_row(s, base)
+            parent_id = _adapter_row(s, parent).id if parent else None
+            row = AdapterRow(
+                name=name,
+                base_model_id=base_row.id,
+                parent_id=parent_id,
+                sha256=digest.sha256,
+                size_bytes=digest.size_bytes,
+                data_fingerprint=training.data_fingerprint,
+                train_split=training.train_split,
+                suite=training.suite,
+                hyperparameters=dict(training.hyperparameters),
+                seed=training.seed,
+                code_version=training.code_version,
+                mlflow_run_id=training.mlflow_run_id,
+            )
+            s.add(row)
+            s.flush()
+            _check_acyclic(s, row)
+            self._audit(
+                s, "adapter.register", "adapter", name, {"sha256": digest.sha256, "parent": parent}
+            )
+            return adapter_entity(s, row)
+
+    def get_adapter(self, name: str) -> e.Adapter:
+        with self._read() as s:
+            return adapter_entity(s, _adapter_row(s, name))
+
+    def list_adapters(self, base: str | None = None) -> list[e.Adapter]:
+        with self._read() as s:
+            query = select(AdapterRow).order_by(AdapterRow.created_at, AdapterRow.id)
+            if base is not None:
+                query = query.where(AdapterRow.base_model_id == _model_row(s, base).id)
+            return [adapter_entity(s, r) for r in s.scalars(query)]
+
+    def adapter_path(self, name: str) -> Path:
+        """The stored adapter folder, verified against its sha256."""
+        return self.artifacts.verify(self.get_adapter(name).sha256)
+
+    def lineage(self, name: str) -> list[e.Adapter]:
+        """The adapter and its ancestors, root first."""
+        with self._read() as s:
+            chain: list[e.Adapter] = []
+            row: AdapterRow | None = _adapter_row(s, name)
+            while row is not None:
+                chain.append(adapter_entity(s, row))
+                row = s.get(AdapterRow, row.parent_id) if row.parent_id else None
+            return list(reversed(chain))
+
+    def children(self, name: str) -> list[e.Adapter]:
+        with self._read() as s:
+            parent = _adapter_row(s, name)
+            rows = s.scalars(select(AdapterRow).where(AdapterRow.parent_id == parent.id))
+            return [adapter_entity(s, r) for r in rows]
+
+    # ---- candidates --------------------------------------------------------------------
+    def add_candidate(
+        self,
+        task: str,
+        *,
+        name: str | None = None,
+        base: str | None = None,
+        adapter: str | None = None,
+        kind: str = "embedding",
+    ) -> e.Candidate:
+        if kind not in CANDIDATE_KINDS:
+            raise InvalidInput(f"unknown candidate kind {kind!r}; known: {CANDIDATE_KINDS}")
+        with self._write() as s:
+            task_row = _task_row(s, task)
+            base_row = adapter_row = None
+            if kind == "bm25":
+                if base or adapter:
+                    raise InvalidInput("a bm25 candidate takes no base model or adapter")
+                signature = "bm25"
+            else:
+                if adapter is not None:
+                    adapter_row = _adapter_row(s, adapter)
+                    adapter_base = s.get(BaseModelRow, adapter_row.base_model_id)
+                    assert adapter_base is not None
+                    if base is not None and base != adapter_base.name:
+                        raise LineageError(
+                            f"adapter {adapter!r} was trained on {adapter_base.name!r}, "
+                            f"not on {base!r}"
+                        )
+                    base_row = adapter_base
+                elif base is not None:
+                    base_row = _model_row(s, base)
+                else:
+                    raise InvalidInput("an embedding candidate needs --base or --adapter")
+                signature = f"model:{base_row.id}:adapter:{adapter_row.id if adapter_row else '-'}"
+            cand_name = check_name(
+                "candidate", name or _default_candidate_name(kind, base_row, adapter_row)
+            )
+            existing = s.scalar(
+                select(CandidateRow).where(
+                    CandidateRow.task_id == task_row.id,
+                    (CandidateRow.name == cand_name) | (CandidateRow.signature == signature),
+                )
+            )
+            if existing is not None:
+                raise AlreadyExists(
+                    f"task {task!r} already has candidate {existing.name!r} for this pairing"
+                    if existing.signature == signature
+                    else f"task {task!r} already has a candidate named {cand_name!r}"
+                )
+            row = CandidateRow(
+                task_id=task_row.id,
+                name=cand_name,
+                kind=kind,
+                base_model_id=base_row.id if base_row else None,
+                adapter_id=adapter_row.id if adapter_row else None,
+                signature=signature,
+            )
+            s.add(row)
+            s.flush()
+            self._audit(s, "candidate.add", "candidate", f"{task}/{cand_name}", {"kind": kind})
+            return candidate_entity(s, row)
+
+    def get_candidate(self, task: str, name: str) -> e.Candidate:
+        with self._read() as s:
+            return candidate_entity(s, _candidate_row(s, task, name))
+
+    def list_candidates(self, task: str) -> list[e.Candidate]:
+        with self._read() as s:
+            task_row = _task_row(s, task)
+            rows = s.scalars(
+                select(CandidateRow)
+                .where(CandidateRow.task_id == task_row.id)
+                .order_by(CandidateRow.id)
+            )
+            return [candidate_entity(s, r) for r in rows]
+
+    # ---- audit -------------------------------------------------------------------------
+    def audit_log(self, limit: int = 100) -> list[e.AuditEntry]:
+        with self._read() as s:
+            rows = s.scalars(select(AuditRow).order_by(AuditRow.id.desc()).limit(limit))
+            return [
+                e.AuditEntry(r.id, r.actor, r.action, r.entity, r.entity_id, r.detail, r.created_at)
+                for r in rows
+            ]
+
+
+def _default_candidate_name(
+    kind: str, base: BaseModelRow | None, adapter: AdapterRow | None
+) -> str:
+    if kind == "bm25":
+        return "bm25"
+    assert base is not None
+    return f"{base.name}+{adapter.name}" if adapter else base.name
+
+
+def _check_acyclic(s: Session, row: AdapterRow) -> None:
+    seen = {row.id}
+    parent_id = row.parent_id
+    while parent_id is not None:
+        if parent_id in seen:
+            raise LineageError(f"adapter {row.name!r} would create a lineage cycle")
+        seen.add(parent_id)
+        parent = s.get(AdapterRow, parent_id)
+        parent_id = parent.parent_id if parent else None
+
+
+def _task_row(s: Session, name: str) -> TaskRow:
+    row = s.scalar(select(TaskRow).where(TaskRow.name == name))
+    if row is None:
+        raise NotFound(f"unknown task {name!r}")
+    return row
+
+
+def _model_row(s: Session, name: str) -> BaseModelRow:
+    row = s.scalar(select(BaseModelRow).where(BaseModelRow.name == name))
+    if row is None:
+        raise NotFound(f"unknown model {name!r}")
+    return row
+
+
+def _adapter_row(s: Session, name: str) -> AdapterRow:
+    row = s.scalar(select(AdapterRow).where(AdapterRow.name == name))
+    if row is None:
+        raise NotFound(f"unknown adapter {name!r}")
+    return row
+
+
+def _candidate_row(s: Session, task: str, name: str) -> CandidateRow:
+    task_row = _task_row(s, task)
+    row = s.scalar(
+        select(CandidateRow).where(CandidateRow.task_id == task_row.id, CandidateRow.name == name)
+    )
+    if row is None:
+        raise NotFound(f"task {task!r} has no candidate {name!r}")
+    return row
+
+
+def task_entity(r: TaskRow) -> e.Task:
+    return e.Task(
+        r.id,
+        r.name,
+        r.kind,
+        r.description,
+        r.suite,
+        r.owner,
+        r.margin,
+        r.auto_promote,
+        r.created_at,
+    )
+
+
+def model_entity(r: BaseModelRow) -> e.BaseModel:
+    return e.BaseModel(
+        r.id,
+        r.name,
+        r.path,
+        r.package,
+        r.sha256,
+        r.dims,
+        r.max_seq_length,
+        r.size_bytes,
+        list(r.runtime_kinds),
+        r.query_prefix,
+        r.passage_prefix,
+        r.created_at,
+    )
+
+
+def adapter_entity(s: Session, r: AdapterRow) -> e.Adapter:
+    base = s.get(BaseModelRow, r.base_model_id)
+    parent = s.get(AdapterRow, r.parent_id) if r.parent_id else None
+    training = e.TrainingRecord(
+        data_fingerprint=r.data_fingerprint,
+        train_split=r.train_split,
+        hyperparameters=dict(r.hyperparameters),
+        seed=r.seed,
+        code_version=r.code_version,
+        suite=r.suite,
+        mlflow_run_id=r.mlflow_run_id,
+    )
+    return e.Adapter(
+        r.id,
+        r.name,
+        base.name if base else "?",
+        parent.name if parent else None,
+        r.sha256,
+        r.size_bytes,
+        training,
+        r.created_at,
+    )
+
+
+def candidate_entity(s: Session, r: CandidateRow) -> e.Candidate:
+    task = s.get(TaskRow, r.task_id)
+    base = s.get(BaseModelRow, r.base_model_id) if r.base_model_id else None
+    adapter = s.get(AdapterRow, r.adapter_id) if r.adapter_id else None
+    return e.Candidate(
+        r.id,
+        r.name,
+        task.name if task else "?",
+        r.kind,
+        base.name if base else None,
+        adapter.name if adapter else None,
+        r.created_at,
+    )

@@ -1,0 +1,176 @@
+"""Plain, immutable records returned by the registry service (never ORM rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    name: str
+    kind: str
+    description: str
+    suite: str
+    owner: str
+    margin: float
+    auto_promote: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    id: int
+    name: str
+    path: str | None
+    package: str | None
+    sha256: str
+    dims: int | None
+    max_seq_length: int | None
+    size_bytes: int
+    runtime_kinds: list[str]
+    query_prefix: str
+    passage_prefix: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """How an adapter was made: everything needed to answer 'where did this come from?'."""
+
+    data_fingerprint: str
+    train_split: str
+    hyperparameters: dict[str, Any]
+    seed: int
+    code_version: str
+    suite: str | None = None
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Adapter:
+    id: int
+    name: str
+    base_model: str
+    parent: str | None
+    sha256: str
+    size_bytes: int
+    training: TrainingRecord
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: int
+    name: str
+    task: str
+    kind: str  # "embedding" (base model + optional adapter) or "bm25" (lexical)
+    base_model: str | None
+    adapter: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class EvalRunCreate:
+    """What the eval harness hands the registry once a run has finished completely."""
+
+    task: str
+    candidate: str
+    suite_name: str
+    suite_version: str
+    suite_fingerprint: str
+    split: str
+    main_metric: str
+    metrics: dict[str, float]
+    ci: dict[str, tuple[float, float]]
+    cost: dict[str, float]
+    per_query: dict[str, float]
+    model_fingerprint: str | None = None
+    adapter_fingerprint: str | None = None
+    sample_size: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    code_version: str = ""
+    mlflow_run_id: str | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def main_score(self) -> float:
+        return self.metrics[self.main_metric]
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    id: int
+    task: str
+    candidate: str
+    suite_name: str
+    suite_version: str
+    suite_fingerprint: str
+    split: str
+    main_metric: str
+    metrics: dict[str, float]
+    ci: dict[str, tuple[float, float]]
+    cost: dict[str, float]
+    per_query: dict[str, float]
+    model_fingerprint: str | None
+    adapter_fingerprint: str | None
+    sample_size: int | None
+    warnings: list[str]
+    code_version: str
+    mlflow_run_id: str | None
+    wall_seconds: float
+    created_at: datetime
+
+    @property
+    def main_score(self) -> float:
+        return self.metrics[self.main_metric]
+
+
+@dataclass(frozen=True)
+class Placement:
+    id: int
+    task: str
+    candidate: str
+    epoch: int
+    pinned: bool
+    replicas: int
+    created_at: datetime
+    published_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Promotion:
+    id: int
+    task: str
+    candidate: str
+    previous_candidate: str | None
+    kind: str  # "promote" | "rollback"
+    actor: str
+    reason: str
+    eval_run_ids: list[int]
+    epoch: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: int
+    name: str
+    prefix: str
+    roles: list[str]
+    tasks: list[str]  # empty = all tasks
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    actor: str
+    action: str
+    entity: str
+    entity_id: str
+    detail: dict[str, Any]
+    created_at: datetime

@@ -1,0 +1,78 @@
+"""Content fingerprints: sha256 over a file or a whole folder of files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+_CHUNK = 1 << 20
+_SKIP_NAMES = {".git", "__pycache__", ".gitattributes", ".DS_Store"}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_files(root: Path) -> list[Path]:
+    """Files under root that define its content, in a stable order."""
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part in _SKIP_NAMES for part in p.relative_to(root).parts)
+    ]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+@dataclass(frozen=True)
+class TreeDigest:
+    sha256: str
+    size_bytes: int
+    files: int
+
+
+def tree_sha256(root: Path) -> TreeDigest:
+    """sha256 over (relative path, file sha256) of every file: renames and edits both count."""
+    digest = hashlib.sha256()
+    size = 0
+    files = tree_files(root)
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        digest.update(rel.encode())
+        digest.update(b"\0")
+        digest.update(file_sha256(path).encode())
+        digest.update(b"\n")
+        size += path.stat().st_size
+    return TreeDigest(digest.hexdigest(), size, len(files))
+
+
+@dataclass(frozen=True)
+class SentenceTransformerInfo:
+    dims: int | None
+    max_seq_length: int | None
+
+
+def read_sentence_transformer_info(root: Path) -> SentenceTransformerInfo:
+    """Read dims and max sequence length from a sentence-transformers folder, without torch."""
+    dims: int | None = None
+    max_len: int | None = None
+    bert_cfg = root / "sentence_bert_config.json"
+    if bert_cfg.is_file():
+        max_len = json.loads(bert_cfg.read_text()).get("max_seq_length")
+    modules = root / "modules.json"
+    if modules.is_file():
+        for module in json.loads(modules.read_text()):
+            cfg = root / module.get("path", "") / "config.json"
+            if not module.get("path") or not cfg.is_file():
+                continue
+            data = json.loads(cfg.read_text())
+            if "word_embedding_dimension" in data:
+                dims = data["word_embedding_dimension"]
+            if "out_features" in data:  # a Dense layer after pooling changes the size
+                dims = data["out_features"]
+    return SentenceTransformerInfo(dims=dims, max_seq_length=max_len)

@@ -1,0 +1,80 @@
+"""API keys: stored as sha256 hashes, scoped to roles and (optionally) tasks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from sqlalchemy import select
+
+from registry import entities as e
+from registry.base import ServiceBase
+from registry.catalog import check_name
+from registry.errors import AlreadyExists, InvalidInput, NotFound, PermissionDenied
+from registry.models import ApiKeyRow, utcnow
+
+ROLES = ("viewer", "promoter", "admin", "caller")
+TOKEN_PREFIX = "tfk"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ApiKeyMixin(ServiceBase):
+    def create_api_key(
+        self, name: str, *, roles: list[str], tasks: list[str] | None = None
+    ) -> tuple[e.ApiKey, str]:
+        """Create a key; the plain token is returned once and never stored."""
+        check_name("api key", name)
+        unknown = sorted(set(roles) - set(ROLES))
+        if not roles or unknown:
+            raise InvalidInput(f"roles must be some of {', '.join(ROLES)}; got {roles}")
+        prefix = secrets.token_hex(4)
+        secret = secrets.token_urlsafe(24)
+        token = f"{TOKEN_PREFIX}_{prefix}_{secret}"
+        with self._write() as s:
+            if s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name)):
+                raise AlreadyExists(f"api key {name!r} already exists")
+            row = ApiKeyRow(
+                name=name,
+                prefix=prefix,
+                secret_hash=_hash(token),
+                roles=sorted(set(roles)),
+                tasks=sorted(set(tasks or [])),
+            )
+            s.add(row)
+            s.flush()
+            self._audit(s, "apikey.create", "api_key", name, {"roles": row.roles})
+            return _entity(row), token
+
+    def authenticate(self, token: str) -> e.ApiKey:
+        parts = token.split("_", 2)
+        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+            raise PermissionDenied("malformed API key")
+        with self._read() as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == parts[1]))
+            if row is None or not hmac.compare_digest(row.secret_hash, _hash(token)):
+                raise PermissionDenied("unknown API key")
+            if row.revoked_at is not None:
+                raise PermissionDenied(f"API key {row.name!r} was revoked")
+            return _entity(row)
+
+    def revoke_api_key(self, name: str) -> None:
+        with self._write() as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
+            if row is None:
+                raise NotFound(f"unknown api key {name!r}")
+            row.revoked_at = utcnow()
+            self._audit(s, "apikey.revoke", "api_key", name)
+
+    def list_api_keys(self) -> list[e.ApiKey]:
+        with self._read() as s:
+            return [_entity(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
+
+
+def _entity(r: ApiKeyRow) -> e.ApiKey:
+    return e.ApiKey(
+        r.id, r.name, r.prefix, list(r.roles), list(r.tasks), r.created_at, r.revoked_at
+    )

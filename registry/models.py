@@ -1,0 +1,185 @@
+"""ORM rows. Only `registry.service` reads and writes them; callers get `registry.entities`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Explicit constraint names keep Alembic migrations identical on SQLite and PostgreSQL.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), default=utcnow, nullable=False)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    description: Mapped[str] = mapped_column(Text, default="", nullable=False)
+    suite: Mapped[str] = mapped_column(String(128), nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), default="", nullable=False)
+    margin: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+    auto_promote: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class BaseModelRow(Base):
+    __tablename__ = "base_models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    package: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    dims: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_seq_length: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    runtime_kinds: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    query_prefix: Mapped[str] = mapped_column(Text, default="", nullable=False)
+    passage_prefix: Mapped[str] = mapped_column(Text, default="", nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class AdapterRow(Base):
+    __tablename__ = "adapters"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    base_model_id: Mapped[int] = mapped_column(ForeignKey("base_models.id"), nullable=False)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"), nullable=True)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    data_fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    train_split: Mapped[str] = mapped_column(String(64), nullable=False)
+    suite: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    seed: Mapped[int] = mapped_column(Integer, nullable=False)
+    code_version: Mapped[str] = mapped_column(String(128), nullable=False)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class CandidateRow(Base):
+    __tablename__ = "candidates"
+    __table_args__ = (
+        UniqueConstraint("task_id", "name", name="uq_candidates_task_name"),
+        UniqueConstraint("task_id", "signature", name="uq_candidates_task_signature"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    base_model_id: Mapped[int | None] = mapped_column(ForeignKey("base_models.id"), nullable=True)
+    adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapters.id"), nullable=True)
+    # (kind, base, adapter) as one string: SQL treats NULLs as distinct, so a unique
+    # constraint over the nullable columns alone would let duplicates through.
+    signature: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class EvalRunRow(Base):
+    __tablename__ = "eval_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    candidate_id: Mapped[int] = mapped_column(
+        ForeignKey("candidates.id"), nullable=False, index=True
+    )
+    suite_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    suite_version: Mapped[str] = mapped_column(String(32), nullable=False)
+    suite_fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    split: Mapped[str] = mapped_column(String(64), nullable=False)
+    main_metric: Mapped[str] = mapped_column(String(64), nullable=False)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON, nullable=False)
+    ci: Mapped[dict[str, list[float]]] = mapped_column(JSON, nullable=False)
+    cost: Mapped[dict[str, float]] = mapped_column(JSON, nullable=False)
+    per_query: Mapped[dict[str, float]] = mapped_column(JSON, nullable=False)
+    model_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    adapter_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    sample_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    warnings: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    code_version: Mapped[str] = mapped_column(String(128), nullable=False)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    wall_seconds: Mapped[float] = mapped_column(Float, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class PlacementRow(Base):
+    __tablename__ = "placements"
+    __table_args__ = (UniqueConstraint("task_id", "epoch", name="uq_placements_task_epoch"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), nullable=False)
+    epoch: Mapped[int] = mapped_column(Integer, nullable=False)
+    pinned: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    replicas: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[datetime] = _created()
+    # Outbox: set by the publisher once the KV holds this epoch.
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class PromotionRow(Base):
+    __tablename__ = "promotions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), nullable=False)
+    previous_candidate_id: Mapped[int | None] = mapped_column(
+        ForeignKey("candidates.id"), nullable=True
+    )
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    eval_run_ids: Mapped[list[int]] = mapped_column(JSON, nullable=False)
+    placement_id: Mapped[int] = mapped_column(ForeignKey("placements.id"), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    prefix: Mapped[str] = mapped_column(String(16), unique=True, nullable=False)
+    secret_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    roles: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    tasks: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = _created()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    action: Mapped[str] = mapped_column(String(64), nullable=False)
+    entity: Mapped[str] = mapped_column(String(64), nullable=False)
+    entity_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = _created()

@@ -1,0 +1,1 @@
+"""Serving: gateway, Python runtime (the model library), placement publisher, client."""

@@ -1,0 +1,200 @@
+"""Load a sentence-transformers base model, optionally with a peft LoRA adapter, and encode.
+
+Batches are formed by *tokens*, not by request count: texts are tokenised once, sorted by
+length and cut into batches whose padded size stays under ``max_batch_tokens``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TextKind = Literal["query", "passage"]
+
+
+class ModelLoadError(RuntimeError):
+    """The base model or adapter could not be loaded from its local path."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to build an encoder: where the weights are and how to prompt them."""
+
+    base_path: Path
+    adapter_path: Path | None = None
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    max_seq_length: int | None = None
+
+    def prefix(self, kind: TextKind) -> str:
+        return self.query_prefix if kind == "query" else self.passage_prefix
+
+
+@dataclass
+class EncodeStats:
+    """Cost measured while encoding: what the eval harness reports as cost."""
+
+    items: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    batch_latencies: list[float] = field(default_factory=list)
+
+    def add(self, other: EncodeStats) -> None:
+        self.items += other.items
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        self.batch_latencies.extend(other.batch_latencies)
+
+    @property
+    def items_per_second(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def latency_ms(self, quantile: float) -> float:
+        if not self.batch_latencies:
+            return 0.0
+        return float(np.quantile(np.asarray(self.batch_latencies), quantile) * 1000.0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Indices into the input list and their token count (padded)."""
+
+    indices: list[int]
+    padded_tokens: int
+
+
+def plan_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int) -> list[Batch]:
+    """Cut items into batches sorted by length so that padded tokens stay under the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches: list[Batch] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n = max(1, lengths[i])
+        new_longest = max(longest, n)
+        if current and (
+            new_longest * (len(current) + 1) > max_batch_tokens or len(current) >= max_batch_size
+        ):
+            batches.append(Batch(current, longest * len(current)))
+            current, new_longest = [], n
+        current.append(i)
+        longest = new_longest
+    if current:
+        batches.append(Batch(current, longest * len(current)))
+    return batches
+
+
+class Encoder:
+    """A loaded base model (+ optional active LoRA adapter) that turns texts into vectors."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        device: str = "cpu",
+        max_batch_tokens: int = 16384,
+        max_batch_size: int = 128,
+    ) -> None:
+        self.spec = spec
+        self.device = device
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.model = load_sentence_transformer(spec, device=device)
+
+    @property
+    def dims(self) -> int:
+        dims = self.model.get_sentence_embedding_dimension()
+        if dims is None:
+            raise ModelLoadError("model does not report an embedding dimension")
+        return int(dims)
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.model.max_seq_length)
+
+    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        tok = self.model.tokenizer
+        enc = tok(list(texts), truncation=True, max_length=self.max_seq_length, padding=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def iter_batches(
+        self, texts: Sequence[str], kind: TextKind = "passage"
+    ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
+        """Yield (indices, embeddings, stats) per token-bounded batch."""
+        import torch
+
+        prefix = self.spec.prefix(kind)
+        prepared = [prefix + t for t in texts]
+        lengths = self.token_lengths(prepared)
+        for batch in plan_batches(lengths, self.max_batch_tokens, self.max_batch_size):
+            started = time.perf_counter()
+            features = self.model.tokenize([prepared[i] for i in batch.indices])
+            features = {k: v.to(self.device) for k, v in features.items()}
+            with torch.inference_mode():
+                out = self.model(features)
+            vectors = out["sentence_embedding"].float().cpu().numpy()
+            elapsed = time.perf_counter() - started
+            stats = EncodeStats(
+                items=len(batch.indices),
+                tokens=sum(lengths[i] for i in batch.indices),
+                seconds=elapsed,
+                batch_latencies=[elapsed],
+            )
+            yield batch.indices, vectors, stats
+
+    def encode(
+        self, texts: Sequence[str], kind: TextKind = "passage"
+    ) -> tuple[np.ndarray, EncodeStats]:
+        """Encode all texts, returning vectors in input order and the measured cost."""
+        result = np.zeros((len(texts), self.dims), dtype=np.float32)
+        total = EncodeStats()
+        for indices, vectors, stats in self.iter_batches(texts, kind):
+            result[indices] = vectors
+            total.add(stats)
+        return result, total
+
+
+def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
+    """Load a sentence-transformers folder from a local path, then attach the adapter."""
+    from sentence_transformers import SentenceTransformer
+
+    if not spec.base_path.is_dir():
+        raise ModelLoadError(f"base model folder does not exist: {spec.base_path}")
+    try:
+        model = SentenceTransformer(str(spec.base_path), device=device, local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a bad folder
+        raise ModelLoadError(f"cannot load base model from {spec.base_path}: {exc}") from exc
+    if spec.max_seq_length is not None:
+        model.max_seq_length = spec.max_seq_length
+    if spec.adapter_path is not None:
+        attach_adapter(model, spec.adapter_path)
+    model.eval()
+    return model
+
+
+def attach_adapter(model: Any, adapter_path: Path, name: str = "default") -> None:
+    """Wrap the transformer inside a SentenceTransformer with a peft LoRA adapter."""
+    from peft import PeftModel
+
+    if not (adapter_path / "adapter_config.json").is_file():
+        raise ModelLoadError(f"not a peft adapter folder (no adapter_config.json): {adapter_path}")
+    transformer = model[0]
+    try:
+        transformer.auto_model = PeftModel.from_pretrained(
+            transformer.auto_model, str(adapter_path), adapter_name=name, is_trainable=False
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"adapter {adapter_path} does not fit this base model: {exc}") from exc

@@ -1,0 +1,74 @@
+"""The one source of configuration: typed settings from `TASKFLEET_*` env vars.
+
+CLI flags override these values; lower layers (registry, evals, serving) never read the
+environment themselves, they receive what they need from the shell.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".taskfleet"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TASKFLEET_", extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="Data directory.")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file under home."
+    )
+    artifact_dir: Path | None = Field(
+        default=None, description="Content-addressed artifact store; default: home/artifacts."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="MLflow tracking URI; default: SQLite file under home."
+    )
+    nats_url: str | None = Field(
+        default=None, description="Existing NATS server/cluster; default: start an embedded one."
+    )
+    actor: str | None = Field(default=None, description="Who is acting, for the audit log.")
+
+    @cached_property
+    def resolved_home(self) -> Path:
+        return self.home.expanduser()
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.resolved_home / 'registry.db'}"
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        return (self.artifact_dir or self.resolved_home / "artifacts").expanduser()
+
+    @property
+    def resolved_mlflow_uri(self) -> str:
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{self.resolved_home / 'mlflow.db'}"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.resolved_home / "cache"
+
+    def resolved_actor(self) -> str:
+        if self.actor:
+            return self.actor
+        import getpass
+
+        try:
+            return f"cli:{getpass.getuser()}"
+        except Exception:  # no user name in some containers
+            return "cli:unknown"
+
+
+def get_settings() -> Settings:
+    return Settings()
