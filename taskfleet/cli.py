@@ -1,0 +1,84 @@
+"""The `taskfleet` command line: one Typer app, one sub-app per area."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from registry import RegistryError
+from taskfleet import __version__
+from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
+from taskfleet.context import state
+
+err = Console(stderr=True)
+
+app = typer.Typer(
+    name="taskfleet",
+    help="Serve a fleet of small, evaluated open models by task name.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(task_app, name="task")
+app.add_typer(model_app, name="model")
+app.add_typer(adapter_app, name="adapter")
+app.add_typer(candidate_app, name="candidate")
+app.add_typer(db_app, name="db")
+app.add_typer(key_app, name="key")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"taskfleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    home: Path | None = typer.Option(
+        None, "--home", help="Data directory (env TASKFLEET_HOME; default ~/.taskfleet)."
+    ),
+    database_url: str | None = typer.Option(
+        None,
+        "--database-url",
+        help="Registry database URL (env TASKFLEET_DATABASE_URL; default SQLite under home).",
+    ),
+    actor: str | None = typer.Option(
+        None, "--actor", help="Name recorded in the audit log (env TASKFLEET_ACTOR)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    state.overrides.update(home=home, database_url=database_url, actor=actor)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Errors the user can act on: printed as one line, never as a traceback."""
+    errors: list[type[BaseException]] = [RegistryError]
+    try:
+        from serving.runtime.encoder import ModelLoadError
+
+        errors.append(ModelLoadError)
+    except ImportError:  # serving extras not installed
+        pass
+    for module, name in (("evals.errors", "EvalError"), ("finetune.errors", "FinetuneError")):
+        try:
+            errors.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted; nothing half-written was recorded")
+        sys.exit(130)
+    except _known_errors() as exc:
+        err.print(f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)

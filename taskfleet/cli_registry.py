@@ -1,0 +1,313 @@
+"""CLI verbs for the registry: tasks, models, adapters, candidates, API keys, the schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from registry import InvalidInput, Registry
+from registry import db as registry_db
+from registry.entities import Adapter, TrainingRecord
+from taskfleet.context import get_settings, open_registry
+
+out = Console()
+
+task_app = typer.Typer(help="Tasks: named jobs with an eval suite.", no_args_is_help=True)
+model_app = typer.Typer(help="Base models: weights on disk, fingerprinted.", no_args_is_help=True)
+adapter_app = typer.Typer(help="LoRA adapters and their lineage.", no_args_is_help=True)
+candidate_app = typer.Typer(help="Candidates: what can serve a task.", no_args_is_help=True)
+db_app = typer.Typer(help="The registry database schema (Alembic).", no_args_is_help=True)
+key_app = typer.Typer(help="API keys for the control plane and gateway.", no_args_is_help=True)
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] if sha else "-"
+
+
+# ---- tasks -------------------------------------------------------------------------------
+@task_app.command("add")
+def task_add(
+    name: str = typer.Argument(..., help="Task name, e.g. german-legal-retrieval."),
+    suite: str | None = typer.Option(None, help="Eval suite name (default: the task name)."),
+    kind: str = typer.Option("retrieval", help="Task kind."),
+    description: str = typer.Option("", help="What the task is for."),
+    owner: str = typer.Option("", help="Team or person responsible."),
+    margin: float = typer.Option(
+        0.0, help="How much a challenger must beat the champion by (main metric, absolute)."
+    ),
+) -> None:
+    """Register a task."""
+    task = open_registry().add_task(
+        name, suite=suite or name, kind=kind, description=description, owner=owner, margin=margin
+    )
+    out.print(f"task [bold]{task.name}[/bold] added (suite {task.suite}, kind {task.kind})")
+
+
+@task_app.command("ls")
+def task_ls() -> None:
+    """List tasks."""
+    table = Table("task", "kind", "suite", "owner", "margin")
+    for t in open_registry().list_tasks():
+        table.add_row(t.name, t.kind, t.suite, t.owner, f"{t.margin:g}")
+    out.print(table)
+
+
+@task_app.command("show")
+def task_show(name: str = typer.Argument(..., help="Task name.")) -> None:
+    """Show a task, its candidates and their latest scores."""
+    reg = open_registry()
+    t = reg.get_task(name)
+    out.print(f"[bold]{t.name}[/bold] ({t.kind}) suite={t.suite} owner={t.owner or '-'}")
+    if t.description:
+        out.print(t.description)
+    placement = reg.current_placement(name)
+    out.print(
+        f"placement: {placement.candidate} epoch {placement.epoch}" if placement else "placement: -"
+    )
+    table = Table("candidate", "kind", "base", "adapter", "latest score")
+    for c in reg.list_candidates(name):
+        run = reg.latest_eval_run(name, c.name)
+        score = f"{run.main_metric}={run.main_score:.4f}" if run else "-"
+        table.add_row(c.name, c.kind, c.base_model or "-", c.adapter or "-", score)
+    out.print(table)
+
+
+# ---- models ------------------------------------------------------------------------------
+@model_app.command("add")
+def model_add(
+    name: str = typer.Argument(..., help="Model name, e.g. minilm."),
+    path: Path | None = typer.Option(None, "--path", help="Local sentence-transformers folder."),
+    package: str | None = typer.Option(
+        None, "--package", help="Python package shipping the weights (has get_model_path())."
+    ),
+    query_prefix: str = typer.Option("", help="Text put before every query."),
+    passage_prefix: str = typer.Option("", help="Text put before every passage."),
+) -> None:
+    """Register a base model; its weight files are fingerprinted (sha256)."""
+    with out.status("fingerprinting weights..."):
+        m = open_registry().add_model(
+            name,
+            path=path,
+            package=package,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+        )
+    out.print(f"model [bold]{m.name}[/bold] added")
+    out.print(f"sha256 {m.sha256}")
+    out.print(f"dims {m.dims}  max_seq_length {m.max_seq_length}  size {m.size_bytes:,} bytes")
+
+
+@model_app.command("ls")
+def model_ls() -> None:
+    """List base models."""
+    table = Table("model", "sha256", "dims", "max len", "size", "source")
+    for m in open_registry().list_models():
+        source = f"package {m.package}" if m.package else (m.path or "-")
+        table.add_row(
+            m.name, _short(m.sha256), str(m.dims), str(m.max_seq_length), f"{m.size_bytes:,}", source
+        )
+    out.print(table)
+
+
+@model_app.command("show")
+def model_show(name: str = typer.Argument(..., help="Model name.")) -> None:
+    """Show one base model."""
+    reg = open_registry()
+    m = reg.get_model(name)
+    for key, value in (
+        ("name", m.name),
+        ("sha256", m.sha256),
+        ("path", str(reg.model_path(name))),
+        ("package", m.package or "-"),
+        ("dims", m.dims),
+        ("max_seq_length", m.max_seq_length),
+        ("size_bytes", m.size_bytes),
+        ("runtimes", ", ".join(m.runtime_kinds)),
+        ("query_prefix", repr(m.query_prefix)),
+        ("passage_prefix", repr(m.passage_prefix)),
+    ):
+        out.print(f"{key:>15}: {value}")
+
+
+# ---- adapters ----------------------------------------------------------------------------
+@adapter_app.command("register")
+def adapter_register(
+    name: str = typer.Argument(..., help="Adapter name."),
+    base: str = typer.Option(..., "--base", help="Base model it was trained on."),
+    path: Path = typer.Option(..., "--path", help="peft adapter folder (adapter_config.json)."),
+    parent: str | None = typer.Option(None, "--parent", help="Adapter it continued from."),
+    data_fingerprint: str = typer.Option("unknown", help="sha256 of the training data."),
+    split: str = typer.Option("unknown", help="Training split name."),
+    suite: str | None = typer.Option(None, help="Suite the training split belongs to."),
+    seed: int = typer.Option(0, help="Training seed."),
+    hyperparameters: str = typer.Option("{}", help="Hyperparameters as a JSON object."),
+    code_version: str = typer.Option("unknown", help="Code version that trained it."),
+) -> None:
+    """Register an adapter trained elsewhere (stored content-addressed)."""
+    try:
+        hp = json.loads(hyperparameters)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--hyperparameters is not valid JSON: {exc.msg}") from None
+    if not isinstance(hp, dict):
+        raise InvalidInput("--hyperparameters must be a JSON object")
+    training = TrainingRecord(data_fingerprint, split, hp, seed, code_version, suite=suite)
+    a = open_registry().register_adapter(
+        name, base=base, source_dir=path, training=training, parent=parent
+    )
+    out.print(f"adapter [bold]{a.name}[/bold] registered on {a.base_model}")
+    out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)")
+
+
+@adapter_app.command("ls")
+def adapter_ls(base: str | None = typer.Option(None, help="Only adapters of this base.")) -> None:
+    """List adapters."""
+    table = Table("adapter", "base", "parent", "sha256", "size", "split", "seed")
+    for a in open_registry().list_adapters(base):
+        table.add_row(
+            a.name,
+            a.base_model,
+            a.parent or "-",
+            _short(a.sha256),
+            f"{a.size_bytes:,}",
+            a.training.train_split,
+            str(a.training.seed),
+        )
+    out.print(table)
+
+
+@adapter_app.command("show")
+def adapter_show(name: str = typer.Argument(..., help="Adapter name.")) -> None:
+    """Show an adapter and its training record."""
+    a = open_registry().get_adapter(name)
+    t = a.training
+    for key, value in (
+        ("name", a.name),
+        ("base", a.base_model),
+        ("parent", a.parent or "-"),
+        ("sha256", a.sha256),
+        ("size_bytes", a.size_bytes),
+        ("data", t.data_fingerprint),
+        ("split", f"{t.suite or '?'}:{t.train_split}"),
+        ("seed", t.seed),
+        ("hyperparameters", json.dumps(t.hyperparameters, sort_keys=True)),
+        ("code_version", t.code_version),
+        ("mlflow_run", t.mlflow_run_id or "-"),
+    ):
+        out.print(f"{key:>15}: {value}")
+
+
+def _scores(reg: Registry, adapter: Adapter) -> str:
+    """Latest main-metric score of every candidate that uses this adapter."""
+    found = []
+    for task in reg.list_tasks():
+        for cand in reg.list_candidates(task.name):
+            if cand.adapter == adapter.name:
+                run = reg.latest_eval_run(task.name, cand.name)
+                if run:
+                    found.append(f"{task.name} {run.main_metric}={run.main_score:.4f}")
+    return "; ".join(found) or "not evaluated"
+
+
+@adapter_app.command("lineage")
+def adapter_lineage(name: str = typer.Argument(..., help="Adapter name.")) -> None:
+    """Print the lineage tree from the base model to the adapter and its descendants."""
+    reg = open_registry()
+    chain = reg.lineage(name)
+    base = reg.get_model(chain[0].base_model)
+    tree = Tree(f"[bold]{base.name}[/bold] (base, sha256 {_short(base.sha256)})")
+    node = tree
+    for a in chain:
+        label = f"[bold]{a.name}[/bold]" if a.name == name else a.name
+        node = node.add(
+            f"{label} sha256 {_short(a.sha256)} split={a.training.train_split} "
+            f"seed={a.training.seed} - {_scores(reg, a)}"
+        )
+    pending = [(node, chain[-1].name)]
+    while pending:
+        parent_node, parent_name = pending.pop()
+        for child in reg.children(parent_name):
+            child_node = parent_node.add(
+                f"{child.name} sha256 {_short(child.sha256)} - {_scores(reg, child)}"
+            )
+            pending.append((child_node, child.name))
+    out.print(tree)
+
+
+# ---- candidates --------------------------------------------------------------------------
+@candidate_app.command("add")
+def candidate_add(
+    task: str = typer.Argument(..., help="Task name."),
+    name: str | None = typer.Option(None, help="Candidate name (default from base/adapter)."),
+    base: str | None = typer.Option(None, help="Base model."),
+    adapter: str | None = typer.Option(None, help="LoRA adapter (implies its base)."),
+    kind: str = typer.Option("embedding", help="embedding or bm25."),
+) -> None:
+    """Add a candidate to a task."""
+    c = open_registry().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+    out.print(f"candidate [bold]{c.name}[/bold] added to {c.task}")
+
+
+@candidate_app.command("ls")
+def candidate_ls(task: str = typer.Argument(..., help="Task name.")) -> None:
+    """List a task's candidates."""
+    table = Table("candidate", "kind", "base", "adapter")
+    for c in open_registry().list_candidates(task):
+        table.add_row(c.name, c.kind, c.base_model or "-", c.adapter or "-")
+    out.print(table)
+
+
+# ---- database ----------------------------------------------------------------------------
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
+    """Apply migrations up to a revision (default: the newest)."""
+    engine = registry_db.create_registry_engine(get_settings().resolved_database_url)
+    registry_db.upgrade(engine, revision)
+    out.print(f"database at revision {registry_db.current_revision(engine)}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's revision and the newest one the code knows."""
+    engine = registry_db.create_registry_engine(get_settings().resolved_database_url)
+    current = registry_db.current_revision(engine)
+    head = registry_db.head_revision(engine)
+    status = "up to date" if current == head else "needs `taskfleet db upgrade`"
+    out.print(f"current {current or '(empty)'}  head {head}  {status}")
+
+
+# ---- API keys ----------------------------------------------------------------------------
+@key_app.command("create")
+def key_create(
+    name: str = typer.Argument(..., help="Key name."),
+    role: list[str] = typer.Option(
+        ..., "--role", help="viewer, promoter, admin or caller (repeat)."
+    ),
+    task: list[str] = typer.Option([], "--task", help="Limit to these tasks (repeat)."),
+) -> None:
+    """Create an API key; the token is printed once."""
+    key, token = open_registry().create_api_key(name, roles=role, tasks=task)
+    out.print(f"api key {key.name} roles={','.join(key.roles)}")
+    out.print(token, markup=False, highlight=False)
+
+
+@key_app.command("ls")
+def key_ls() -> None:
+    """List API keys (never their secrets)."""
+    table = Table("name", "prefix", "roles", "tasks", "revoked")
+    for k in open_registry().list_api_keys():
+        table.add_row(
+            k.name, k.prefix, ",".join(k.roles), ",".join(k.tasks) or "*", "yes" if k.revoked_at else ""
+        )
+    out.print(table)
+
+
+@key_app.command("revoke")
+def key_revoke(name: str = typer.Argument(..., help="Key name.")) -> None:
+    """Revoke an API key."""
+    open_registry().revoke_api_key(name)
+    out.print(f"api key {name} revoked")

@@ -1,0 +1,46 @@
+"""What every CLI command shares: the effective settings and an open registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry import Registry
+from taskfleet.settings import Settings
+
+
+@dataclass
+class CliState:
+    """Global CLI flags (`taskfleet --home ... --database-url ...`) override the env."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    _settings: Settings | None = None
+    _registry: Registry | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings(**{k: v for k, v in self.overrides.items() if v is not None})
+        return self._settings
+
+    def registry(self) -> Registry:
+        if self._registry is None:
+            s = self.settings
+            self._registry = Registry.open(
+                s.resolved_database_url,
+                artifact_dir=s.resolved_artifact_dir,
+                actor=s.resolved_actor(),
+            )
+        return self._registry
+
+
+state = CliState()
+
+
+def get_settings() -> Settings:
+    return state.settings
+
+
+def open_registry() -> Registry:
+    """The registry for the effective settings, migrated to the newest schema."""
+    return state.registry()
