@@ -1,0 +1,67 @@
+//! The one error type of the sidecar. Inner code returns precise variants; the worker turns
+//! them into the public error shape (`ErrorBody`) at the edge, when it replies to a request.
+
+use crate::protocol::ErrorBody;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A NATS or JetStream operation failed; `context` says which one.
+    #[error("nats: {context}: {source}")]
+    Nats {
+        context: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("msgpack encode: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+    #[error("msgpack decode: {0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    /// The runtime answered an op with `ok: false`.
+    #[error("runtime error {}: {}", .0.code, .0.message)]
+    Runtime(ErrorBody),
+    /// The runtime is not running or its socket closed while a request was in flight.
+    #[error("runtime unavailable: {0}")]
+    RuntimeUnavailable(String),
+    /// The runtime broke the socket protocol (oversized frame, reply without id, ...).
+    #[error("runtime protocol violation: {0}")]
+    Protocol(String),
+    /// A queue message that can never be processed (undecodable payload, missing input ref).
+    #[error("bad request payload: {0}")]
+    BadPayload(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Wraps any NATS client error with a short description of what was attempted.
+    pub fn nats<E>(context: impl Into<String>) -> impl FnOnce(E) -> Error
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let context = context.into();
+        move |source| Error::Nats {
+            context,
+            source: Box::new(source),
+        }
+    }
+
+    /// The public error shape for a reply to the requester.
+    pub fn to_body(&self) -> ErrorBody {
+        match self {
+            Error::Runtime(body) => body.clone(),
+            Error::BadPayload(message) => ErrorBody::new("BAD_REQUEST", message, false),
+            Error::RuntimeUnavailable(message) => {
+                ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
+            }
+            other => ErrorBody::new("INTERNAL", &other.to_string(), true),
+        }
+    }
+
+    /// Whether trying the same message again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.to_body().retryable
+    }
+}

@@ -1,0 +1,7 @@
+//! taskfleet worker agent: pulls task messages from NATS JetStream, forms batches, runs them on
+//! a local model runtime over a Unix socket and publishes the results.
+
+pub mod error;
+pub mod protocol;
+
+pub use error::{Error, Result};

@@ -1,0 +1,337 @@
+//! Wire messages of protocol version 1 (docs/protocol.md), mirrored from `serving/protocol.py`.
+//!
+//! Struct field order *is* the msgpack map key order, so both languages produce identical
+//! bytes; the golden vectors in `tests/vectors/` pin this down (see the tests at the bottom).
+//! Constant fields (`op`, `ok`, `v`) are real fields so that they sit in their documented place.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+use crate::error::Result;
+
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// msgpack bytes of a message, structs written as maps with string keys.
+pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>> {
+    Ok(rmp_serde::to_vec_named(message)?)
+}
+
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    Ok(rmp_serde::from_slice(bytes)?)
+}
+
+/// The one error shape: `{"code", "message", "retryable"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl ErrorBody {
+    pub fn new(code: &str, message: &str, retryable: bool) -> Self {
+        Self {
+            code: code.to_string(),
+            message: message.to_string(),
+            retryable,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TextKind {
+    Query,
+    Passage,
+}
+
+// ------------------------------------------------------------------ socket requests
+
+/// A socket request; `op` is written first, as the tag of this enum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    Hello(HelloRequest),
+    Load(LoadRequest),
+    Unload(UnloadRequest),
+    Infer(InferRequest),
+    Stats(BareRequest),
+    Shutdown(BareRequest),
+}
+
+impl Request {
+    pub fn id(&self) -> u64 {
+        match self {
+            Request::Hello(r) => r.id,
+            Request::Load(r) => r.id,
+            Request::Unload(r) => r.id,
+            Request::Infer(r) => r.id,
+            Request::Stats(r) | Request::Shutdown(r) => r.id,
+        }
+    }
+
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Hello(_) => "hello",
+            Request::Load(_) => "load",
+            Request::Unload(_) => "unload",
+            Request::Infer(_) => "infer",
+            Request::Stats(_) => "stats",
+            Request::Shutdown(_) => "shutdown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HelloRequest {
+    pub id: u64,
+    pub protocol: u32,
+    pub client: String,
+}
+
+/// What the runtime needs to load one model key (a base plus an optional adapter).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadRequest {
+    pub id: u64,
+    pub model_key: String,
+    pub base_path: String,
+    pub adapter_path: Option<String>,
+    pub query_prefix: String,
+    pub passage_prefix: String,
+    pub max_seq_length: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnloadRequest {
+    pub id: u64,
+    pub model_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferItem {
+    pub model_key: String,
+    pub kind: TextKind,
+    pub texts: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferRequest {
+    pub id: u64,
+    pub batch_id: String,
+    pub items: Vec<InferItem>,
+}
+
+/// `stats` and `shutdown` carry nothing but their id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BareRequest {
+    pub id: u64,
+}
+
+// ------------------------------------------------------------------ socket replies
+
+/// The part of every reply that routes it to its request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReplyHead {
+    pub id: u64,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HelloReply {
+    pub id: u64,
+    pub ok: bool,
+    pub protocol: u32,
+    pub runtime: String,
+    pub runtime_version: String,
+    pub capabilities: Vec<String>,
+}
+
+/// Reply to `load` (memory the load added) and `unload` (memory it freed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReply {
+    pub id: u64,
+    pub ok: bool,
+    pub model_key: String,
+    pub memory_bytes: u64,
+}
+
+pub type LoadReply = MemoryReply;
+pub type UnloadReply = MemoryReply;
+
+/// Embeddings of one infer item: little-endian f32, row-major, `count x dims`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Embeddings {
+    pub dims: u32,
+    pub count: u32,
+    pub embeddings: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferReply {
+    pub id: u64,
+    pub ok: bool,
+    pub batch_id: String,
+    pub results: Vec<Embeddings>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStats {
+    pub model_key: String,
+    pub memory_bytes: u64,
+    pub base_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsReply {
+    pub id: u64,
+    pub ok: bool,
+    pub memory_bytes: u64,
+    pub models: Vec<ModelStats>,
+    pub queue_depth: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShutdownReply {
+    pub id: u64,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub id: u64,
+    pub ok: bool,
+    pub error: ErrorBody,
+}
+
+// ------------------------------------------------------------------ queue and KV
+
+/// Inputs of a queue payload: inline texts, or a key in the `payloads` object store whose
+/// object holds the texts as a msgpack array of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Inputs {
+    Texts(Vec<String>),
+    Ref(PayloadRef),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PayloadRef {
+    #[serde(rename = "ref")]
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuePayload {
+    pub v: u32,
+    pub task: String,
+    pub kind: TextKind,
+    pub inputs: Inputs,
+}
+
+/// The reply message published to a request's `Tf-Reply` subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReplyMessage {
+    Ok(ReplyOk),
+    Error(ReplyError),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyOk {
+    pub v: u32,
+    pub request_id: String,
+    pub ok: bool,
+    pub model_key: String,
+    pub epoch: u64,
+    pub dims: u32,
+    pub count: u32,
+    pub embeddings: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyError {
+    pub v: u32,
+    pub request_id: String,
+    pub ok: bool,
+    pub error: ErrorBody,
+}
+
+impl ReplyMessage {
+    pub fn ok(request_id: &str, model_key: &str, epoch: u64, result: Embeddings) -> Self {
+        ReplyMessage::Ok(ReplyOk {
+            v: PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            ok: true,
+            model_key: model_key.to_string(),
+            epoch,
+            dims: result.dims,
+            count: result.count,
+            embeddings: result.embeddings,
+        })
+    }
+
+    pub fn error(request_id: &str, error: ErrorBody) -> Self {
+        ReplyMessage::Error(ReplyError {
+            v: PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            ok: false,
+            error,
+        })
+    }
+}
+
+/// Value of KV `placements` under key = task: what the fleet should run for the task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub v: u32,
+    pub task: String,
+    pub epoch: u64,
+    pub candidate: String,
+    pub model_key: String,
+    pub base_path: String,
+    pub adapter_path: Option<String>,
+    pub query_prefix: String,
+    pub passage_prefix: String,
+    pub max_seq_length: Option<u32>,
+    pub pinned: bool,
+    pub replicas: u32,
+    /// Estimated memory of the model, used to make room before loading it.
+    pub memory_bytes: u64,
+}
+
+impl Placement {
+    /// The `load` request for this placement's model (id filled in by the client).
+    pub fn load_request(&self) -> LoadRequest {
+        LoadRequest {
+            id: 0,
+            model_key: self.model_key.clone(),
+            base_path: self.base_path.clone(),
+            adapter_path: self.adapter_path.clone(),
+            query_prefix: self.query_prefix.clone(),
+            passage_prefix: self.passage_prefix.clone(),
+            max_seq_length: self.max_seq_length,
+        }
+    }
+}
+
+/// Value of KV `workers` under key = worker id; data-keyed maps are sorted (BTreeMap).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerHeartbeat {
+    pub v: u32,
+    pub worker_id: String,
+    pub host: String,
+    pub ts_ms: u64,
+    pub loaded: Vec<String>,
+    pub memory_used: u64,
+    pub memory_budget: u64,
+    pub queue_depth: BTreeMap<String, u64>,
+    pub runtimes: Vec<String>,
+    pub epochs: BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+#[path = "protocol_vectors_test.rs"]
+mod vectors_test;
