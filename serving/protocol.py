@@ -12,7 +12,6 @@ Maps keyed by data (``queue_depth``, ``epochs``) are written with sorted keys, a
 from __future__ import annotations
 
 import asyncio
-import functools
 import struct
 import types
 import typing
@@ -361,9 +360,13 @@ def from_wire(cls: type[M], obj: Any) -> M:
     return typing.cast(M, _from_map(cls, obj, cls.__name__))
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _from_map(cls: type[Any], obj: Any, where: str) -> Any:

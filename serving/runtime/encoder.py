@@ -107,12 +107,15 @@ class Encoder:
         device: str = "cpu",
         max_batch_tokens: int = 16384,
         max_batch_size: int = 128,
+        model: Any | None = None,
     ) -> None:
+        """``model``: an already loaded SentenceTransformer to share (the serving runtime keeps
+        one base per path); by default the model is loaded from ``spec``."""
         self.spec = spec
         self.device = device
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        self.model = load_sentence_transformer(spec, device=device)
+        self.model = model if model is not None else load_sentence_transformer(spec, device=device)
 
     @property
     def dims(self) -> int:
@@ -142,7 +145,10 @@ class Encoder:
         for batch in plan_batches(lengths, self.max_batch_tokens, self.max_batch_size):
             started = time.perf_counter()
             features = self.model.tokenize([prepared[i] for i in batch.indices])
-            features = {k: v.to(self.device) for k, v in features.items()}
+            # sentence-transformers >= 6 adds non-tensor entries (e.g. "modality").
+            features = {
+                k: v.to(self.device) if hasattr(v, "to") else v for k, v in features.items()
+            }
             with torch.inference_mode():
                 out = self.model(features)
             vectors = out["sentence_embedding"].float().cpu().numpy()
@@ -186,15 +192,29 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
 
 
 def attach_adapter(model: Any, adapter_path: Path, name: str = "default") -> None:
-    """Wrap the transformer inside a SentenceTransformer with a peft LoRA adapter."""
+    """Wrap the transformer inside a SentenceTransformer with a peft LoRA adapter.
+
+    When the transformer is already wrapped, the adapter is added under ``name`` beside the
+    others (activate one with ``set_adapter``), so many adapters share one loaded base.
+    """
     from peft import PeftModel
 
     if not (adapter_path / "adapter_config.json").is_file():
         raise ModelLoadError(f"not a peft adapter folder (no adapter_config.json): {adapter_path}")
     transformer = model[0]
     try:
-        transformer.auto_model = PeftModel.from_pretrained(
+        if isinstance(transformer.auto_model, PeftModel):
+            transformer.auto_model.load_adapter(
+                str(adapter_path), adapter_name=name, is_trainable=False
+            )
+            return
+        wrapped = PeftModel.from_pretrained(
             transformer.auto_model, str(adapter_path), adapter_name=name, is_trainable=False
         )
     except Exception as exc:
         raise ModelLoadError(f"adapter {adapter_path} does not fit this base model: {exc}") from exc
+    # sentence-transformers >= 6 keeps the network in `.model`; `auto_model` is a read-only view.
+    if isinstance(getattr(type(transformer), "auto_model", None), property):
+        transformer.model = wrapped
+    else:
+        transformer.auto_model = wrapped
