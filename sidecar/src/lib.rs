@@ -5,3 +5,4 @@ pub mod error;
 pub mod protocol;
 
 pub use error::{Error, Result};
+pub mod runtime;
