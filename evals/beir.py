@@ -1,0 +1,164 @@
+"""Read a BEIR-layout folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) into memory.
+
+Bad input never turns into a silently wrong score: a malformed line is an error naming the
+file and line; qrels pointing at unknown documents or queries are counted, skipped and reported
+as warnings; a split left with no judged query is an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals.errors import SuiteDataError
+
+Qrels = dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class RetrievalSplit:
+    """Everything one retrieval eval needs: the full corpus, the judged queries, their qrels."""
+
+    corpus: dict[str, str]  # doc id -> text as the model reads it (title + " " + text)
+    queries: dict[str, str]  # query id -> text, only queries with >= 1 relevant known doc
+    qrels: Qrels  # query id -> {doc id: relevance > 0}
+    split: str
+    warnings: list[str] = field(default_factory=list)
+
+    def sample(self, n: int | None) -> RetrievalSplit:
+        """The first n judged queries (in queries.jsonl order) with the full corpus."""
+        if n is None or n >= len(self.queries):
+            return self
+        if n < 1:
+            raise SuiteDataError(f"sample size must be at least 1, got {n}")
+        keep = list(self.queries)[:n]
+        return RetrievalSplit(
+            corpus=self.corpus,
+            queries={q: self.queries[q] for q in keep},
+            qrels={q: self.qrels[q] for q in keep},
+            split=self.split,
+            warnings=list(self.warnings),
+        )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file; blank lines are allowed, anything else malformed is an error."""
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SuiteDataError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("_id"), str):
+                raise SuiteDataError(f"{path}:{number}: expected an object with a string '_id'")
+            if not isinstance(row.get("text", ""), str) or not isinstance(
+                row.get("title", ""), str
+            ):
+                raise SuiteDataError(f"{path}:{number}: 'text' and 'title' must be strings")
+            rows.append(row)
+    return rows
+
+
+def doc_text(row: dict[str, Any]) -> str:
+    """Title and text joined exactly as mteb joins them, so both see the same input."""
+    title = row.get("title") or ""
+    text = str(row.get("text", ""))
+    return (title + " " + text).strip() if title else text.strip()
+
+
+def read_corpus(path: Path) -> dict[str, str]:
+    corpus: dict[str, str] = {}
+    for row in read_jsonl(path):
+        if row["_id"] in corpus:
+            raise SuiteDataError(f"{path}: duplicate document id {row['_id']!r}")
+        corpus[row["_id"]] = doc_text(row)
+    if not corpus:
+        raise SuiteDataError(f"{path}: corpus is empty")
+    return corpus
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for row in read_jsonl(path):
+        if row["_id"] in queries:
+            raise SuiteDataError(f"{path}: duplicate query id {row['_id']!r}")
+        queries[row["_id"]] = str(row.get("text", "")).strip()
+    return queries
+
+
+def read_qrels(path: Path) -> Qrels:
+    """Tab-separated ``query-id corpus-id score`` with an optional header row."""
+    qrels: Qrels = {}
+    with path.open(encoding="utf-8", newline="") as fh:
+        for number, fields in enumerate(csv.reader(fh, delimiter="\t"), start=1):
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            if number == 1 and fields[0].strip().lower() in {"query-id", "query_id", "qid"}:
+                continue
+            if len(fields) != 3:
+                raise SuiteDataError(f"{path}:{number}: expected 3 tab-separated fields")
+            qid, did, score = (f.strip() for f in fields)
+            try:
+                relevance = int(float(score))
+            except ValueError:
+                raise SuiteDataError(f"{path}:{number}: score {score!r} is not a number") from None
+            qrels.setdefault(qid, {})[did] = relevance
+    return qrels
+
+
+def load_split(folder: Path, split: str) -> RetrievalSplit:
+    """Load one split; unknown ids in its qrels are skipped and reported, never scored."""
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    for path in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_path):
+        if not path.is_file():
+            raise SuiteDataError(f"missing file: {path}")
+    corpus = read_corpus(folder / "corpus.jsonl")
+    all_queries = read_queries(folder / "queries.jsonl")
+    raw = read_qrels(qrels_path)
+    if not raw:
+        raise SuiteDataError(f"split {split!r} is empty: {qrels_path} has no judgements")
+
+    warnings: list[str] = []
+    unknown_docs = sum(1 for docs in raw.values() for d in docs if d not in corpus)
+    unknown_queries = [q for q in raw if q not in all_queries]
+    qrels: Qrels = {}
+    for qid, docs in raw.items():
+        if qid not in all_queries:
+            continue
+        kept = {d: r for d, r in docs.items() if d in corpus and r > 0}
+        if kept:
+            qrels[qid] = kept
+    # Queries without a (known) relevant doc cannot be scored; mteb drops them too.
+    dropped = [q for q in raw if q in all_queries and q not in qrels]
+    if unknown_docs:
+        warnings.append(
+            f"{unknown_docs} qrels pair(s) in {split!r} point to documents not in the corpus; "
+            "skipped"
+        )
+    if unknown_queries:
+        warnings.append(
+            f"{len(unknown_queries)} query id(s) in qrels {split!r} are not in queries.jsonl; "
+            "skipped"
+        )
+    if dropped:
+        warnings.append(
+            f"{len(dropped)} query(ies) in {split!r} have no relevant document in the corpus; "
+            "not scored"
+        )
+    if not qrels:
+        raise SuiteDataError(f"split {split!r} has no query with a relevant document in the corpus")
+    # Keep queries.jsonl order so "the first N queries" is a stable, documented sample.
+    queries = {q: t for q, t in all_queries.items() if q in qrels}
+    return RetrievalSplit(
+        corpus=corpus,
+        queries=queries,
+        qrels={q: qrels[q] for q in queries},
+        split=split,
+        warnings=warnings,
+    )
