@@ -16,14 +16,18 @@ from registry.fingerprint import read_sentence_transformer_info, tree_sha256
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, TaskRow
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+# Candidates are often "<base>+<adapter>", so they may also contain '+'.
+CANDIDATE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
 TASK_KINDS = ("retrieval",)
 CANDIDATE_KINDS = ("embedding", "bm25")
 
 
 def check_name(kind: str, name: str) -> str:
-    if not NAME_RE.fullmatch(name):
+    pattern = CANDIDATE_NAME_RE if kind == "candidate" else NAME_RE
+    if not pattern.fullmatch(name):
+        allowed = "'.', '_', '+' or '-'" if kind == "candidate" else "'.', '_' or '-'"
         raise InvalidInput(
-            f"invalid {kind} name {name!r}: use lowercase letters, digits, '.', '_' or '-' "
+            f"invalid {kind} name {name!r}: use lowercase letters, digits, {allowed} "
             "(starting with a letter or digit, at most 128 characters)"
         )
     return name

@@ -19,7 +19,8 @@ def create_registry_engine(url: str) -> Engine:
     """Build an engine for a SQLite or PostgreSQL URL, or fail with one clear line."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+        parsed.port  # noqa: B018 - a non-numeric port only fails when read
+    except (ArgumentError, ValueError) as exc:
         raise DatabaseError(f"malformed database URL {url!r}: {exc}") from None
     backend = parsed.get_backend_name()
     if backend not in SUPPORTED_BACKENDS:

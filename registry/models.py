@@ -18,7 +18,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 # Explicit constraint names keep Alembic migrations identical on SQLite and PostgreSQL.
 NAMING = {
@@ -34,12 +36,29 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
 def _created() -> Mapped[datetime]:
-    return mapped_column(DateTime(timezone=True), default=utcnow, nullable=False)
+    return mapped_column(UTCDateTime(), default=utcnow, nullable=False)
 
 
 class TaskRow(Base):
@@ -143,7 +162,7 @@ class PlacementRow(Base):
     replicas: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[datetime] = _created()
     # Outbox: set by the publisher once the KV holds this epoch.
-    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class PromotionRow(Base):
@@ -171,7 +190,7 @@ class ApiKeyRow(Base):
     roles: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     tasks: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = _created()
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class AuditRow(Base):

@@ -11,6 +11,7 @@ from rich.console import Console
 from registry import RegistryError
 from taskfleet import __version__
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
+from taskfleet.cli_serve import serve
 from taskfleet.context import state
 
 err = Console(stderr=True)
@@ -28,6 +29,7 @@ app.add_typer(adapter_app, name="adapter")
 app.add_typer(candidate_app, name="candidate")
 app.add_typer(db_app, name="db")
 app.add_typer(key_app, name="key")
+app.command("serve")(serve)
 
 
 def _version(value: bool) -> None:

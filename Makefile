@@ -1,0 +1,64 @@
+# Each target does its own set-up: a fresh clone needs nothing but Python 3.11, cargo and apt.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SIDECAR := sidecar/target/release/taskfleet-sidecar
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help install sysdeps sidecar lint test test-python test-rust demo bench clean
+
+help:
+	@echo "make demo   - install, start the embedded stack and run the main loop"
+	@echo "make test   - install and run lint, types and all tests"
+	@echo "make bench  - long measurements (writes reports/)"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# System packages the tests need: PostgreSQL (tests start their own server) and Chromium.
+sysdeps:
+	@need=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$$need postgresql"; \
+	test -x /usr/bin/chromium || need="$$need chromium"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing system packages:$$need"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$need; \
+	fi
+
+sidecar: $(STAMP)
+	cd sidecar && cargo build --release --locked -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	cd sidecar && cargo fmt --check
+	cd sidecar && cargo clippy --locked --all-targets -q -- -D warnings
+
+test-rust: sidecar
+	cd sidecar && cargo test --locked -q
+
+test-python: $(STAMP) sysdeps sidecar
+	$(VENV)/bin/pytest -q
+
+test: lint test-rust test-python
+
+demo: $(STAMP) sidecar
+	$(PY) -m taskfleet.demo
+
+bench: $(STAMP) sidecar
+	$(PY) benchmarks/eval_german_legal.py
+	$(PY) benchmarks/lora_german_legal.py
+	$(PY) benchmarks/serving_throughput.py
+
+clean:
+	rm -rf $(VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,230 @@
+"""The control-plane REST API (FastAPI): the registry service over HTTP, with OpenAPI docs."""
+
+
+# No `from __future__ import annotations` here: FastAPI must resolve the locally defined
+# `Annotated` dependencies at runtime.
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from registry import entities as e
+from registry.errors import PermissionDenied, RegistryError
+from registry.service import Registry
+
+
+def error_body(code: str, message: str, retryable: bool = False) -> dict[str, Any]:
+    """The one public error shape."""
+    return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+class TaskIn(BaseModel):
+    name: str
+    suite: str | None = None
+    kind: str = "retrieval"
+    description: str = ""
+    owner: str = ""
+    margin: float = 0.0
+
+
+class ModelIn(BaseModel):
+    name: str
+    path: str | None = None
+    package: str | None = None
+    query_prefix: str = ""
+    passage_prefix: str = ""
+
+
+class TrainingIn(BaseModel):
+    data_fingerprint: str
+    train_split: str
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+    code_version: str = "unknown"
+    suite: str | None = None
+    mlflow_run_id: str | None = None
+
+
+class AdapterIn(BaseModel):
+    name: str
+    base: str
+    path: str = Field(description="Adapter folder readable by the control plane.")
+    parent: str | None = None
+    training: TrainingIn
+
+
+class CandidateIn(BaseModel):
+    name: str | None = None
+    base: str | None = None
+    adapter: str | None = None
+    kind: str = "embedding"
+
+
+class PlacementIn(BaseModel):
+    candidate: str
+    pinned: bool = False
+    replicas: int = 1
+
+
+def _dump(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_dump(o) for o in obj]
+    return asdict(obj)
+
+
+def create_app(registry: Registry, *, require_auth: bool = True) -> FastAPI:
+    app = FastAPI(
+        title="taskfleet control plane",
+        version="1",
+        description="Tasks, models, adapters, candidates, eval runs and placements.",
+    )
+
+    @app.exception_handler(RegistryError)
+    async def _registry_error(_: Request, exc: RegistryError) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.code, str(exc), exc.retryable), status_code=exc.http_status
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"{where}: {first.get('msg', 'invalid request')}"
+        return JSONResponse(error_body("BAD_REQUEST", message), status_code=400)
+
+    def actor(
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> tuple[Registry, list[str]]:
+        if not require_auth:
+            return registry.as_actor("api:anonymous"), ["admin"]
+        if not authorization or not authorization.startswith("Bearer "):
+            raise _Unauthenticated()
+        key = registry.authenticate(authorization.removeprefix("Bearer ").strip())
+        return registry.as_actor(f"key:{key.name}"), key.roles
+
+    Actor = Annotated[tuple[Registry, list[str]], Depends(actor)]
+
+    def writer(who: tuple[Registry, list[str]], *roles: str) -> Registry:
+        reg, have = who
+        if not set(have) & set(roles or ("admin",)):
+            raise PermissionDenied(f"this needs one of the roles: {', '.join(roles or ('admin',))}")
+        return reg
+
+    @app.exception_handler(_Unauthenticated)
+    async def _unauth(_: Request, exc: _Unauthenticated) -> JSONResponse:
+        return JSONResponse(
+            error_body("UNAUTHENTICATED", "send 'Authorization: Bearer <api key>'"),
+            status_code=401,
+        )
+
+    @app.get("/api/v1/tasks")
+    def list_tasks(who: Actor) -> list[dict[str, Any]]:
+        return _dump(who[0].list_tasks())
+
+    @app.post("/api/v1/tasks", status_code=201)
+    def add_task(body: TaskIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "admin")
+        t = reg.add_task(
+            body.name,
+            suite=body.suite or body.name,
+            kind=body.kind,
+            description=body.description,
+            owner=body.owner,
+            margin=body.margin,
+        )
+        return asdict(t)
+
+    @app.get("/api/v1/tasks/{task}")
+    def get_task(task: str, who: Actor) -> dict[str, Any]:
+        reg = who[0]
+        placement = reg.current_placement(task)
+        return {
+            **asdict(reg.get_task(task)),
+            "candidates": _dump(reg.list_candidates(task)),
+            "placement": asdict(placement) if placement else None,
+        }
+
+    @app.get("/api/v1/models")
+    def list_models(who: Actor) -> list[dict[str, Any]]:
+        return _dump(who[0].list_models())
+
+    @app.post("/api/v1/models", status_code=201)
+    def add_model(body: ModelIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "admin")
+        m = reg.add_model(
+            body.name,
+            path=Path(body.path) if body.path else None,
+            package=body.package,
+            query_prefix=body.query_prefix,
+            passage_prefix=body.passage_prefix,
+        )
+        return asdict(m)
+
+    @app.get("/api/v1/models/{name}")
+    def get_model(name: str, who: Actor) -> dict[str, Any]:
+        return asdict(who[0].get_model(name))
+
+    @app.get("/api/v1/adapters")
+    def list_adapters(who: Actor, base: str | None = None) -> list[dict[str, Any]]:
+        return _dump(who[0].list_adapters(base))
+
+    @app.post("/api/v1/adapters", status_code=201)
+    def register_adapter(body: AdapterIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "admin")
+        a = reg.register_adapter(
+            body.name,
+            base=body.base,
+            source_dir=Path(body.path),
+            parent=body.parent,
+            training=e.TrainingRecord(**body.training.model_dump()),
+        )
+        return asdict(a)
+
+    @app.get("/api/v1/adapters/{name}")
+    def get_adapter(name: str, who: Actor) -> dict[str, Any]:
+        return asdict(who[0].get_adapter(name))
+
+    @app.get("/api/v1/adapters/{name}/lineage")
+    def lineage(name: str, who: Actor) -> list[dict[str, Any]]:
+        return _dump(who[0].lineage(name))
+
+    @app.get("/api/v1/tasks/{task}/candidates")
+    def list_candidates(task: str, who: Actor) -> list[dict[str, Any]]:
+        return _dump(who[0].list_candidates(task))
+
+    @app.post("/api/v1/tasks/{task}/candidates", status_code=201)
+    def add_candidate(task: str, body: CandidateIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "admin")
+        c = reg.add_candidate(
+            task, name=body.name, base=body.base, adapter=body.adapter, kind=body.kind
+        )
+        return asdict(c)
+
+    @app.get("/api/v1/tasks/{task}/eval-runs")
+    def list_eval_runs(task: str, who: Actor, candidate: str | None = None) -> list[dict[str, Any]]:
+        runs = who[0].list_eval_runs(task, candidate)
+        return [{k: v for k, v in asdict(r).items() if k != "per_query"} for r in runs]
+
+    @app.get("/api/v1/placements")
+    def list_placements(who: Actor) -> list[dict[str, Any]]:
+        return _dump(who[0].list_placements())
+
+    @app.post("/api/v1/tasks/{task}/placement", status_code=201)
+    def set_placement(task: str, body: PlacementIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "admin", "promoter")
+        p = reg.set_placement(task, body.candidate, pinned=body.pinned, replicas=body.replicas)
+        return asdict(p)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+class _Unauthenticated(Exception):
+    pass

