@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,14 +63,14 @@ def build_tiny_model(
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel, BertTokenizer
 
     path = Path(path)
     hf_dir = path / "_hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     vocab = tiny_vocab()
     # strip_accents=False keeps umlauts, which the vocabulary spells out.
-    tokenizer = BertTokenizerFast(
+    tokenizer = BertTokenizer(
         vocab={token: i for i, token in enumerate(vocab)},
         do_lower_case=True,
         strip_accents=False,
@@ -117,6 +118,7 @@ def build_tiny_adapter(
         init_lora_weights=False,
     )
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model[0].auto_model, config)
+    transformer: Any = model[0]
+    peft_model = get_peft_model(transformer.auto_model, config)
     peft_model.save_pretrained(str(path))
     return Path(path)

@@ -1,0 +1,281 @@
+"""The PyTorch runtime: serves docs/protocol.md (sidecar <-> runtime) on a Unix socket.
+
+    python -m serving.runtime.server --socket /run/taskfleet/torch-0.sock [--device cpu]
+
+Loads, unloads and inference run one at a time in a single worker thread (they all touch the
+shared base models), so the event loop keeps answering `hello` and `stats` while a batch runs.
+Replies go out in completion order, each carrying its request's id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from serving import protocol as p
+from serving.runtime.encoder import ModelLoadError, ModelSpec
+from serving.runtime.pool import EncodeItem, ModelKeyConflictError, ModelNotLoadedError, ModelPool
+
+log = logging.getLogger("taskfleet.runtime")
+CAPABILITIES = ["embed", "lora", "mixed_adapters"]
+T = TypeVar("T")
+
+
+class RuntimeServer:
+    def __init__(
+        self, pool: ModelPool, socket_path: Path, max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        self.pool = pool
+        self.socket_path = socket_path
+        self.max_frame_bytes = max_frame_bytes
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+        # Infer batches submitted to the worker thread but not started; the thread decrements.
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self) -> None:
+        """Listen until a `shutdown` request or SIGTERM/SIGINT; removes the socket on exit."""
+        _clear_stale_socket(self.socket_path)
+        server = await asyncio.start_unix_server(self._connection, path=str(self.socket_path))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        log.info("listening on %s", self.socket_path)
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            for task in list(self._tasks):
+                task.cancel()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            log.info("stopped")
+
+    # ------------------------------------------------------------------ connection
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lock = asyncio.Lock()
+
+        async def send(message: Any) -> None:
+            async with lock:
+                await p.write_frame(writer, message)
+
+        try:
+            while True:
+                try:
+                    frame = await p.read_frame(reader, self.max_frame_bytes)
+                except p.FrameError as exc:
+                    # The stream lost its framing; nothing after this can be trusted.
+                    await send(_error(p.UNKNOWN_REQUEST_ID, exc.code, str(exc)))
+                    break
+                except p.ProtocolError as exc:
+                    await send(_error(p.UNKNOWN_REQUEST_ID, exc.code, str(exc)))
+                    continue
+                if frame is None:
+                    break
+                task = asyncio.create_task(self._answer(frame, send))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, frame: dict[str, Any], send: Callable[[Any], Any]) -> None:
+        try:
+            request = p.decode_request(frame)
+        except p.ProtocolError as exc:
+            request_id = p.UNKNOWN_REQUEST_ID if exc.request_id is None else exc.request_id
+            await send(_error(request_id, exc.code, str(exc)))
+            return
+        try:
+            reply = await self._dispatch(request)
+        except Exception as exc:
+            code, message = _classify(exc)
+            if code == p.ErrorCode.INFER_FAILED:
+                log.exception("request %s (%s) failed", request.id, request.op)
+            reply = _error(request.id, code, message)
+        with contextlib.suppress(ConnectionError):
+            await send(reply)
+        if isinstance(request, p.ShutdownRequest):
+            self._stop.set()
+
+    # ------------------------------------------------------------------ ops
+
+    async def _dispatch(self, request: p.SocketRequest) -> Any:
+        match request:
+            case p.HelloRequest():
+                return self._hello(request)
+            case p.LoadRequest():
+                spec = ModelSpec(
+                    base_path=Path(request.base_path),
+                    adapter_path=Path(request.adapter_path) if request.adapter_path else None,
+                    query_prefix=request.query_prefix,
+                    passage_prefix=request.passage_prefix,
+                    max_seq_length=request.max_seq_length,
+                )
+                added = await self._in_worker(self.pool.load, request.model_key, spec)
+                return p.LoadReply(id=request.id, model_key=request.model_key, memory_bytes=added)
+            case p.UnloadRequest():
+                freed = await self._in_worker(self.pool.unload, request.model_key)
+                return p.UnloadReply(id=request.id, model_key=request.model_key, memory_bytes=freed)
+            case p.InferRequest():
+                return await self._infer(request)
+            case p.StatsRequest():
+                total, models = self.pool.snapshot()
+                return p.StatsReply(
+                    id=request.id,
+                    memory_bytes=total,
+                    models=list(models),
+                    queue_depth=self._waiting,
+                )
+            case p.ShutdownRequest():
+                return p.ShutdownReply(id=request.id)
+
+    def _hello(self, request: p.HelloRequest) -> Any:
+        if request.protocol != p.PROTOCOL_VERSION:
+            return _error(
+                request.id,
+                p.ErrorCode.BAD_REQUEST,
+                f"protocol {request.protocol} is not supported; "
+                f"this runtime speaks {p.PROTOCOL_VERSION}",
+            )
+        import torch
+
+        return p.HelloReply(
+            id=request.id,
+            protocol=p.PROTOCOL_VERSION,
+            runtime="torch",
+            runtime_version=str(torch.__version__),
+            capabilities=CAPABILITIES,
+        )
+
+    async def _infer(self, request: p.InferRequest) -> p.InferReply:
+        items = [EncodeItem(i.model_key, i.kind, i.texts) for i in request.items]
+        started = threading.Event()
+        with self._waiting_lock:
+            self._waiting += 1
+
+        def run() -> list[Any]:
+            self._leave_queue(started)
+            return self.pool.encode(items)
+
+        try:
+            matrices = await self._in_worker(run)
+        finally:
+            self._leave_queue(started)  # the batch never started when it was cancelled
+        return p.InferReply(
+            id=request.id,
+            batch_id=request.batch_id,
+            results=[p.InferResult.from_matrix(m) for m in matrices],
+        )
+
+    def _leave_queue(self, started: threading.Event) -> None:
+        with self._waiting_lock:
+            if not started.is_set():
+                started.set()
+                self._waiting -= 1
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+
+def _error(request_id: int, code: p.ErrorCode, message: str) -> p.ErrorReply:
+    return p.ErrorReply(id=request_id, error=p.ErrorInfo.of(code, message))
+
+
+def _classify(exc: Exception) -> tuple[p.ErrorCode, str]:
+    """Map an exception raised by an op to the protocol's error code and a message."""
+    if isinstance(exc, ModelNotLoadedError):
+        return p.ErrorCode.MODEL_NOT_LOADED, str(exc.args[0] if exc.args else exc)
+    if isinstance(exc, ModelKeyConflictError):
+        return p.ErrorCode.BAD_REQUEST, str(exc)
+    if isinstance(exc, ModelLoadError):
+        return p.ErrorCode.LOAD_FAILED, str(exc)
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without import
+        return p.ErrorCode.OUT_OF_MEMORY, str(exc).splitlines()[0]
+    return p.ErrorCode.INFER_FAILED, f"{type(exc).__name__}: {exc}"
+
+
+def _clear_stale_socket(path: Path) -> None:
+    """Remove a socket file left by a dead runtime; refuse to steal a live one."""
+    if not path.exists():
+        return
+    if not stat.S_ISSOCK(path.stat().st_mode):
+        raise SystemExit(f"error: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        return
+    finally:
+        probe.close()
+    raise SystemExit(f"error: another runtime is already listening on {path}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m serving.runtime.server",
+        description=(
+            "taskfleet PyTorch runtime: serves the sidecar<->runtime protocol (docs/protocol.md) "
+            "on a Unix socket. Ops: hello, load, unload, infer, stats, shutdown. Adapters of one "
+            "base share one loaded base model. Exits on `shutdown` or SIGTERM and removes the "
+            "socket file."
+        ),
+    )
+    parser.add_argument("--socket", required=True, type=Path, help="Unix socket path to listen on")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=128, help="texts per forward pass")
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=p.DEFAULT_MAX_FRAME_BYTES,
+        help="largest accepted request frame",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not args.socket.parent.is_dir():
+        print(f"error: socket directory does not exist: {args.socket.parent}", file=sys.stderr)
+        return 2
+    pool = ModelPool(
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=args.max_batch_size,
+    )
+    server = RuntimeServer(pool, args.socket, max_frame_bytes=args.max_frame_bytes)
+    asyncio.run(server.serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

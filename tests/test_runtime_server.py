@@ -1,0 +1,375 @@
+"""The real runtime server, started as a subprocess on a Unix socket, with a tiny BERT model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving import protocol as p
+from tests.tiny_model import build_tiny_adapter, build_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = ["Was regelt die Kündigungsfrist im Mietvertrag?", "Haftung für Schaden", "der vermieter"]
+
+
+@dataclass
+class Models:
+    base: Path
+    adapter_a: Path
+    adapter_b: Path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    root = tmp_path_factory.mktemp("runtime-models")
+    base = build_tiny_model(root / "base", seed=0)
+    return Models(
+        base=base,
+        adapter_a=build_tiny_adapter(base, root / "adapter-a", seed=1),
+        adapter_b=build_tiny_adapter(base, root / "adapter-b", seed=2),
+    )
+
+
+def start_server(*extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    # Unix socket paths are limited to ~100 bytes, so stay out of pytest's deep tmp tree.
+    sock = Path(tempfile.mkdtemp(prefix="tf-rt-")) / "rt.sock"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.runtime.server", "--socket", str(sock), *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"runtime exited early ({proc.returncode}): {err}")
+        if sock.exists():
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(str(sock))
+                return proc, sock
+            except OSError:
+                pass
+            finally:
+                probe.close()
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("runtime did not start listening within 120 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes], sock: Path) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Path]:
+    proc, sock = start_server("--max-batch-tokens", "2048")
+    yield sock
+    stop_server(proc, sock)
+
+
+class Conn:
+    """A test client: sends requests and returns the raw reply maps in arrival order."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, sock: Path) -> Conn:
+        return cls(*await asyncio.open_unix_connection(str(sock)))
+
+    async def send(self, message: Any) -> None:
+        await p.write_frame(self.writer, message)
+
+    async def receive(self) -> dict[str, Any]:
+        frame = await asyncio.wait_for(p.read_frame(self.reader), timeout=120)
+        assert frame is not None, "runtime closed the connection"
+        return frame
+
+    async def call(self, message: Any) -> Any:
+        await self.send(message)
+        reply = await self.receive()
+        assert reply["id"] == message.id
+        return p.decode_reply(message.op, reply)
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+def run(sock: Path, scenario: Any) -> Any:
+    async def main() -> Any:
+        conn = await Conn.open(sock)
+        try:
+            return await scenario(conn)
+        finally:
+            await conn.close()
+
+    return asyncio.run(main())
+
+
+_ids = itertools.count(1000)
+
+
+def load(model_key: str, base: Path, adapter: Path | None = None, **kw: Any) -> p.LoadRequest:
+    return p.LoadRequest(
+        id=next(_ids),
+        model_key=model_key,
+        base_path=str(base),
+        adapter_path=str(adapter) if adapter else None,
+        query_prefix=kw.get("query_prefix", ""),
+        passage_prefix=kw.get("passage_prefix", ""),
+        max_seq_length=kw.get("max_seq_length"),
+    )
+
+
+def infer(request_id: int, *items: tuple[str, str, list[str]]) -> p.InferRequest:
+    return p.InferRequest(
+        id=request_id,
+        batch_id=f"b-{request_id}",
+        items=[p.InferItem(model_key=k, kind=kind, texts=t) for k, kind, t in items],  # type: ignore[arg-type]
+    )
+
+
+def expected(base: Path, texts: list[str], adapter: Path | None = None) -> np.ndarray:
+    """In-process reference through sentence-transformers' own adapter support."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu", local_files_only=True)
+    if adapter is not None:
+        model.load_adapter(str(adapter))
+    return np.asarray(model.encode(texts, convert_to_numpy=True), dtype=np.float32)
+
+
+def base_bytes(base: Path) -> int:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu", local_files_only=True)
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+# ---------------------------------------------------------------------------------------- tests
+
+
+def test_help_explains_the_server() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "serving.runtime.server", "--help"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--socket" in out and "--device" in out and "shutdown" in out
+
+
+def test_hello_reports_protocol_and_runtime(server: Path) -> None:
+    async def scenario(c: Conn) -> tuple[Any, Any]:
+        ok = await c.call(p.HelloRequest(id=1, protocol=1, client="test"))
+        bad = await c.call(p.HelloRequest(id=2, protocol=99, client="test"))
+        return ok, bad
+
+    ok, bad = run(server, scenario)
+    assert isinstance(ok, p.HelloReply)
+    assert (ok.protocol, ok.runtime) == (1, "torch") and "lora" in ok.capabilities
+    assert isinstance(bad, p.ErrorReply) and bad.error.code == "BAD_REQUEST"
+
+
+def test_infer_matches_in_process_encoding(server: Path, models: Models) -> None:
+    async def scenario(c: Conn) -> tuple[Any, Any]:
+        loaded = await c.call(load("plain", models.base, query_prefix="frage: "))
+        reply = await c.call(infer(3, ("plain", "passage", TEXTS), ("plain", "query", TEXTS[:2])))
+        return loaded, reply
+
+    loaded, reply = run(server, scenario)
+    assert isinstance(loaded, p.LoadReply) and loaded.memory_bytes == base_bytes(models.base)
+    assert isinstance(reply, p.InferReply) and reply.batch_id == "b-3"
+    passages, queries = (r.matrix() for r in reply.results)
+    np.testing.assert_allclose(passages, expected(models.base, TEXTS), atol=1e-5)
+    prefixed = [f"frage: {t}" for t in TEXTS[:2]]
+    np.testing.assert_allclose(queries, expected(models.base, prefixed), atol=1e-5)
+
+
+def test_adapters_share_the_base_and_mix_in_one_batch(server: Path, models: Models) -> None:
+    async def scenario(c: Conn) -> list[Any]:
+        return [
+            await c.call(load("mix-base", models.base)),
+            await c.call(load("mix-a", models.base, models.adapter_a)),
+            await c.call(load("mix-b", models.base, models.adapter_b)),
+            await c.call(
+                infer(
+                    4,
+                    ("mix-a", "passage", TEXTS),
+                    ("mix-base", "passage", TEXTS),
+                    ("mix-b", "passage", TEXTS[1:]),
+                    ("mix-a", "passage", TEXTS[:1]),
+                )
+            ),
+        ]
+
+    _, a_load, b_load, reply = run(server, scenario)
+    # The base is already resident (other tests) or loaded by mix-base; adapters add only LoRA.
+    assert 0 < a_load.memory_bytes < base_bytes(models.base) // 4
+    assert b_load.memory_bytes == a_load.memory_bytes
+    with_a, plain, with_b, with_a_again = (r.matrix() for r in reply.results)
+    want_a = expected(models.base, TEXTS, models.adapter_a)
+    np.testing.assert_allclose(with_a, want_a, atol=1e-5)
+    np.testing.assert_allclose(plain, expected(models.base, TEXTS), atol=1e-5)
+    np.testing.assert_allclose(
+        with_b, expected(models.base, TEXTS[1:], models.adapter_b), atol=1e-5
+    )
+    np.testing.assert_allclose(with_a_again, want_a[:1], atol=1e-5)
+    assert np.abs(with_a - plain).max() > 1e-3, "the adapter must change the vectors"
+    assert np.abs(with_a[1:] - with_b).max() > 1e-3, "two adapters must differ"
+
+
+def test_unknown_model_is_retryable_not_loaded(server: Path) -> None:
+    reply = run(server, lambda c: c.call(infer(5, ("nobody", "query", ["x"]))))
+    assert isinstance(reply, p.ErrorReply)
+    assert reply.error.code == "MODEL_NOT_LOADED" and reply.error.retryable
+    assert "nobody" in reply.error.message
+
+
+def test_load_failures_are_reported_and_leave_nothing_behind(server: Path, models: Models) -> None:
+    async def scenario(c: Conn) -> list[Any]:
+        before = await c.call(p.StatsRequest(id=60))
+        missing = await c.call(load("ghost", models.base.parent / "no-such-model"))
+        not_adapter = await c.call(load("bad-adapter", models.base, models.base))
+        after = await c.call(p.StatsRequest(id=61))
+        return [before, missing, not_adapter, after]
+
+    before, missing, not_adapter, after = run(server, scenario)
+    assert isinstance(missing, p.ErrorReply) and missing.error.code == "LOAD_FAILED"
+    assert "no-such-model" in missing.error.message and not missing.error.retryable
+    assert isinstance(not_adapter, p.ErrorReply) and not_adapter.error.code == "LOAD_FAILED"
+    assert after.memory_bytes == before.memory_bytes
+    assert {m.model_key for m in after.models} == {m.model_key for m in before.models}
+
+
+def test_bad_frames_get_errors_and_the_connection_survives(server: Path) -> None:
+    async def scenario(c: Conn) -> list[dict[str, Any]]:
+        c.writer.write(struct.pack(">I", 3) + b"\xc1\xc1\xc1")  # not msgpack
+        c.writer.write(p.encode_frame({"op": "teleport", "id": 77}))
+        c.writer.write(p.encode_frame({"op": "unload", "id": 78}))  # missing model_key
+        await c.writer.drain()
+        replies = [await c.receive() for _ in range(3)]
+        await c.send(p.StatsRequest(id=79))
+        replies.append(await c.receive())
+        return replies
+
+    garbage, unknown_op, missing_field, stats = run(server, scenario)
+    assert (garbage["id"], garbage["ok"], garbage["error"]["code"]) == (0, False, "BAD_REQUEST")
+    assert (unknown_op["id"], unknown_op["error"]["code"]) == (77, "UNKNOWN_OP")
+    assert (missing_field["id"], missing_field["error"]["code"]) == (78, "BAD_REQUEST")
+    assert "model_key" in missing_field["error"]["message"]
+    assert stats["id"] == 79 and stats["ok"] is True
+
+
+def test_oversized_frame_closes_only_that_connection(server: Path) -> None:
+    async def scenario(c: Conn) -> tuple[dict[str, Any], bytes]:
+        c.writer.write(struct.pack(">I", p.DEFAULT_MAX_FRAME_BYTES + 1))
+        await c.writer.drain()
+        reply = await c.receive()
+        rest = await asyncio.wait_for(c.reader.read(), timeout=30)
+        return reply, rest
+
+    reply, rest = run(server, scenario)
+    assert reply["error"]["code"] == "BAD_REQUEST" and "exceeds" in reply["error"]["message"]
+    assert rest == b"", "the runtime closes a connection whose framing is lost"
+    assert isinstance(run(server, lambda c: c.call(p.StatsRequest(id=1))), p.StatsReply)
+
+
+def test_stats_answer_while_batches_run(server: Path, models: Models) -> None:
+    many = [f"{TEXTS[i % 3]} {i} " * 6 for i in range(3000)]
+
+    async def scenario(c: Conn) -> list[dict[str, Any]]:
+        await c.call(load("busy", models.base))
+        await c.send(infer(101, ("busy", "passage", many)))
+        await c.send(infer(102, ("busy", "passage", many)))
+        await c.send(p.StatsRequest(id=103))
+        return [await c.receive() for _ in range(3)]
+
+    first, *rest = run(server, scenario)
+    assert first["id"] == 103, "stats must not wait behind running batches"
+    assert first["queue_depth"] >= 1
+    assert sorted(r["id"] for r in rest) == [101, 102]
+    assert all(r["results"][0]["count"] == len(many) for r in rest)
+
+
+def test_stats_memory_and_unload_free() -> None:
+    # A server of its own: exact totals need a state no other test touches.
+    proc, sock = start_server()
+    root = Path(tempfile.mkdtemp(prefix="tf-models-"))
+    try:
+        base = build_tiny_model(root / "base", seed=3)
+        adapter = build_tiny_adapter(base, root / "adapter", seed=4)
+
+        async def scenario(c: Conn) -> list[Any]:
+            return [
+                await c.call(load("s-base", base)),
+                await c.call(load("s-lora", base, adapter)),
+                await c.call(p.StatsRequest(id=200)),
+                await c.call(p.UnloadRequest(id=201, model_key="s-lora")),
+                await c.call(p.UnloadRequest(id=202, model_key="s-lora")),
+                await c.call(p.UnloadRequest(id=203, model_key="s-base")),
+                await c.call(p.StatsRequest(id=204)),
+                await c.call(infer(205, ("s-base", "query", ["x"]))),
+            ]
+
+        loaded_base, loaded_lora, stats, freed_lora, again, freed_base, empty, gone = run(
+            sock, scenario
+        )
+        size = base_bytes(base)
+        assert loaded_base.memory_bytes == size
+        assert stats.memory_bytes == size + loaded_lora.memory_bytes
+        by_key = {m.model_key: m for m in stats.models}
+        assert by_key["s-lora"].memory_bytes == loaded_lora.memory_bytes
+        assert by_key["s-base"].base_key == by_key["s-lora"].base_key
+        assert freed_lora.memory_bytes == loaded_lora.memory_bytes
+        assert isinstance(again, p.ErrorReply) and again.error.code == "MODEL_NOT_LOADED"
+        assert freed_base.memory_bytes == size
+        assert (empty.memory_bytes, empty.models, empty.queue_depth) == (0, [], 0)
+        assert isinstance(gone, p.ErrorReply) and gone.error.code == "MODEL_NOT_LOADED"
+
+        shutdown = run(sock, lambda c: c.call(p.ShutdownRequest(id=300)))
+        assert isinstance(shutdown, p.ShutdownReply)
+        assert proc.wait(timeout=30) == 0
+        assert not sock.exists(), "the socket file is removed on shutdown"
+    finally:
+        stop_server(proc, sock)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sigterm_exits_cleanly() -> None:
+    proc, sock = start_server()
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not sock.exists()
+    finally:
+        stop_server(proc, sock)
