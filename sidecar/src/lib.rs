@@ -5,4 +5,9 @@ pub mod error;
 pub mod protocol;
 
 pub use error::{Error, Result};
+pub mod heartbeat;
+pub mod nats;
+pub mod placement;
+pub mod residency;
 pub mod runtime;
+pub mod worker;

@@ -1,4 +1,279 @@
-fn main() {
-    eprintln!("taskfleet-sidecar: the worker loop is not implemented yet");
-    std::process::exit(2);
+//! `taskfleet-sidecar`: the worker agent. See `--help` for every setting.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
+use taskfleet_sidecar::residency::Residency;
+use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
+use taskfleet_sidecar::worker::{WorkerConfig, Workers};
+use taskfleet_sidecar::{nats, placement, Error, Result};
+
+/// The taskfleet worker agent: pulls task requests from NATS JetStream, batches them by
+/// tokens, runs them on a local model runtime over a Unix socket and publishes the results.
+///
+/// Every flag can also be set by the environment variable named after it.
+#[derive(Debug, Parser)]
+#[command(name = "taskfleet-sidecar", version)]
+struct Cli {
+    /// NATS server URL; the sidecar keeps retrying until it is reachable, and reconnects.
+    #[arg(
+        long,
+        env = "TASKFLEET_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats_url: String,
+
+    /// Unique id of this worker: its key in KV `workers` and the prefix of its batch ids.
+    /// Default: `<host>-<pid>`.
+    #[arg(long, env = "TASKFLEET_WORKER_ID")]
+    worker_id: Option<String>,
+
+    /// Command that starts the runtime; `{socket}` is replaced by the socket path (also given
+    /// as TASKFLEET_RUNTIME_SOCKET). The sidecar restarts it when it dies and asks it to shut
+    /// down on exit. Example: ".venv/bin/python -m serving.runtime.server --socket {socket}".
+    #[arg(long, env = "TASKFLEET_RUNTIME_CMD")]
+    runtime_cmd: Option<String>,
+
+    /// Unix socket of the runtime. With --runtime-cmd: where the started runtime listens
+    /// (default: a file in the temp dir). Without: attach to a runtime already serving there.
+    #[arg(long, env = "TASKFLEET_RUNTIME_SOCKET")]
+    runtime_socket: Option<PathBuf>,
+
+    /// How long a runtime may take from start to answering `hello`.
+    #[arg(
+        long,
+        env = "TASKFLEET_RUNTIME_START_TIMEOUT_MS",
+        default_value_t = 120_000
+    )]
+    runtime_start_timeout_ms: u64,
+
+    /// Runtime memory the models may use; idle lazy models are evicted (least recently used
+    /// first) to stay under it. Pinned models always load.
+    #[arg(long, env = "TASKFLEET_MEMORY_BUDGET_BYTES", default_value_t = 8 << 30)]
+    memory_budget_bytes: u64,
+
+    /// Token budget of one batch (tokens estimated as characters / 4).
+    #[arg(long, env = "TASKFLEET_MAX_BATCH_TOKENS", default_value_t = 8192)]
+    max_batch_tokens: usize,
+
+    /// How long a batch waits for more requests after its first one arrived.
+    #[arg(long, env = "TASKFLEET_MAX_BATCH_WAIT_MS", default_value_t = 5)]
+    max_batch_wait_ms: u64,
+
+    /// Batches queued in the runtime at once; further requests stay in JetStream for other
+    /// workers.
+    #[arg(long, env = "TASKFLEET_MAX_INFLIGHT_BATCHES", default_value_t = 2)]
+    max_inflight_batches: usize,
+
+    /// Period of the heartbeat put into KV `workers`.
+    #[arg(long, env = "TASKFLEET_HEARTBEAT_MS", default_value_t = 2000)]
+    heartbeat_ms: u64,
+
+    /// `ack_wait` of task consumers this worker creates: above the worst batch time (long
+    /// batches also send progress acks).
+    #[arg(long, env = "TASKFLEET_ACK_WAIT_MS", default_value_t = 60_000)]
+    ack_wait_ms: u64,
+
+    /// `max_deliver` of task consumers this worker creates; a request that failed that many
+    /// times goes to stream DLQ.
+    #[arg(long, env = "TASKFLEET_MAX_DELIVER", default_value_t = 5)]
+    max_deliver: i64,
+
+    /// Base delay of a nak (model loading, retryable failure); grows with the delivery count.
+    #[arg(long, env = "TASKFLEET_NAK_DELAY_MS", default_value_t = 1000)]
+    nak_delay_ms: u64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,async_nats=warn".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("taskfleet-sidecar: cannot start async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "sidecar stopped");
+            eprintln!("taskfleet-sidecar: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime_mode(cli: &Cli, worker_id: &str) -> Result<RuntimeMode> {
+    match (&cli.runtime_cmd, &cli.runtime_socket) {
+        (Some(command), socket) => Ok(RuntimeMode::Spawn {
+            command: command.clone(),
+            socket: socket.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("taskfleet-runtime-{worker_id}.sock"))
+            }),
+        }),
+        (None, Some(socket)) => Ok(RuntimeMode::Attach {
+            socket: socket.clone(),
+        }),
+        (None, None) => Err(Error::Config(
+            "give --runtime-cmd (start a runtime) or --runtime-socket (attach to one)".into(),
+        )),
+    }
+}
+
+fn validate(cli: &Cli) -> Result<()> {
+    let positive = [
+        ("--max-batch-tokens", cli.max_batch_tokens as u64),
+        ("--max-inflight-batches", cli.max_inflight_batches as u64),
+        ("--heartbeat-ms", cli.heartbeat_ms),
+        ("--ack-wait-ms", cli.ack_wait_ms),
+        ("--runtime-start-timeout-ms", cli.runtime_start_timeout_ms),
+    ];
+    for (flag, value) in positive {
+        if value == 0 {
+            return Err(Error::Config(format!("{flag} must be above 0")));
+        }
+    }
+    if cli.max_deliver < 2 {
+        return Err(Error::Config("--max-deliver must be at least 2".into()));
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    validate(&cli)?;
+    let host = host_name();
+    let worker_id = cli
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("{host}-{}", std::process::id()));
+    if !placement::valid_task_name(&worker_id) {
+        return Err(Error::Config(format!(
+            "worker id {worker_id:?} may hold only letters, digits, '-' and '_'"
+        )));
+    }
+    let mode = runtime_mode(&cli, &worker_id)?;
+    tracing::info!(%worker_id, nats_url = %cli.nats_url, ?mode, "starting");
+
+    let signalled = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(signalled.clone()));
+    let shutdown = CancellationToken::new();
+    let runtime = Runtime::new();
+    let supervisor = tokio::spawn(runtime.clone().supervise(
+        mode,
+        Duration::from_millis(cli.runtime_start_timeout_ms),
+        shutdown.child_token(),
+    ));
+    let residency = Residency::new(runtime.clone(), cli.memory_budget_bytes);
+    let stop_work = CancellationToken::new();
+    tokio::spawn(residency.clone().follow_runtime(stop_work.clone()));
+
+    let client = nats::connect(&cli.nats_url, &format!("taskfleet-sidecar {worker_id}")).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let heartbeat_every = Duration::from_millis(cli.heartbeat_ms);
+    let buckets = until_ok("KV buckets", &signalled, || async {
+        let placements = nats::placements_bucket(&js).await?;
+        let workers = nats::workers_bucket(&js, heartbeat_every * 5).await?;
+        Ok((placements, workers))
+    })
+    .await;
+    let Some((placements_kv, workers_kv)) = buckets else {
+        shutdown.cancel();
+        let _ = supervisor.await;
+        return Ok(());
+    };
+
+    let (placements_tx, placements_rx) = watch::channel(Arc::default());
+    let watcher = tokio::spawn(placement::watch_placements(
+        placements_kv,
+        placements_tx,
+        stop_work.clone(),
+    ));
+    let workers = Workers::new(
+        client.clone(),
+        residency.clone(),
+        runtime.clone(),
+        WorkerConfig {
+            worker_id: worker_id.clone(),
+            max_batch_tokens: cli.max_batch_tokens,
+            max_batch_wait: Duration::from_millis(cli.max_batch_wait_ms),
+            max_inflight_batches: cli.max_inflight_batches,
+            ack_wait: Duration::from_millis(cli.ack_wait_ms),
+            max_deliver: cli.max_deliver,
+            nak_delay: Duration::from_millis(cli.nak_delay_ms),
+        },
+    );
+    let worker_loop = tokio::spawn(workers.clone().run(placements_rx, stop_work.clone()));
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = tokio::spawn(
+        Heartbeat {
+            worker_id,
+            host,
+            residency,
+            runtime,
+            statuses: workers.statuses.clone(),
+        }
+        .run(workers_kv, heartbeat_every, heartbeat_stop.clone()),
+    );
+
+    signalled.cancelled().await;
+    tracing::info!("shutting down: finishing in-flight batches");
+    stop_work.cancel();
+    let _ = worker_loop.await;
+    let _ = watcher.await;
+    workers.drain(Duration::from_secs(30)).await;
+    heartbeat_stop.cancel();
+    let _ = heartbeat.await;
+    shutdown.cancel();
+    let _ = supervisor.await;
+    let _ = client.flush().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Retries a start-up step (NATS may not be up yet) until it works or a signal arrives.
+async fn until_ok<T, F, Fut>(what: &str, signalled: &CancellationToken, mut step: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    loop {
+        match step().await {
+            Ok(value) => return Some(value),
+            Err(e) => tracing::warn!(error = %e, "{what} not ready; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = signalled.cancelled() => return None,
+        }
+    }
+}
+
+async fn cancel_on_signal(signalled: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    signalled.cancel();
 }

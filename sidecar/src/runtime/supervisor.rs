@@ -3,7 +3,7 @@
 //! Every successful connection gets a new generation number so that the residency manager
 //! knows to load its models again after a restart.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -117,7 +117,7 @@ impl Runtime {
     async fn run_spawned(
         &self,
         command: &str,
-        socket: &PathBuf,
+        socket: &Path,
         start_timeout: Duration,
         generation: &mut u64,
         shutdown: &CancellationToken,
@@ -151,7 +151,7 @@ impl Runtime {
 
     async fn run_attached(
         &self,
-        socket: &PathBuf,
+        socket: &Path,
         start_timeout: Duration,
         generation: &mut u64,
         shutdown: &CancellationToken,

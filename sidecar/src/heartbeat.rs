@@ -1,0 +1,90 @@
+//! Puts this worker's heartbeat (docs/protocol.md, KV `workers`) under its worker id every
+//! period. The bucket's TTL removes a worker that stops beating; a clean shutdown deletes
+//! the key at once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use tokio_util::sync::CancellationToken;
+
+use crate::protocol::{self, WorkerHeartbeat, PROTOCOL_VERSION};
+use crate::residency::Residency;
+use crate::runtime::supervisor::Runtime;
+use crate::worker::{now_ms, TaskStatuses};
+
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub host: String,
+    pub residency: Arc<Residency>,
+    pub runtime: Arc<Runtime>,
+    pub statuses: TaskStatuses,
+}
+
+impl Heartbeat {
+    pub fn snapshot(&self) -> WorkerHeartbeat {
+        let mut queue_depth = BTreeMap::new();
+        let mut epochs = BTreeMap::new();
+        for (task, status) in self.statuses.lock().expect("statuses lock").iter() {
+            queue_depth.insert(task.clone(), crate::worker::held_count(status));
+            if let Some(serving) = status.serving.lock().expect("serving lock").as_ref() {
+                epochs.insert(task.clone(), serving.epoch);
+            }
+        }
+        WorkerHeartbeat {
+            v: PROTOCOL_VERSION,
+            worker_id: self.worker_id.clone(),
+            host: self.host.clone(),
+            ts_ms: now_ms(),
+            loaded: self.residency.loaded(),
+            memory_used: self.residency.used(),
+            memory_budget: self.residency.budget(),
+            queue_depth,
+            runtimes: self.runtime.runtimes(),
+            epochs,
+        }
+    }
+
+    pub async fn run(self, store: kv::Store, every: Duration, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => self.beat(&store).await,
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        if let Err(e) = store.delete(&self.worker_id).await {
+            tracing::warn!(error = %e, "could not remove heartbeat on shutdown");
+        }
+    }
+
+    async fn beat(&self, store: &kv::Store) {
+        let heartbeat = self.snapshot();
+        let bytes = match protocol::encode(&heartbeat) {
+            Ok(bytes) => bytes,
+            Err(e) => return tracing::error!(error = %e, "cannot encode heartbeat"),
+        };
+        match store.put(&self.worker_id, bytes.into()).await {
+            Ok(_) => tracing::debug!(
+                loaded = ?heartbeat.loaded,
+                memory_used = heartbeat.memory_used,
+                epochs = ?heartbeat.epochs,
+                queue_depth = ?heartbeat.queue_depth,
+                "heartbeat"
+            ),
+            Err(e) => tracing::warn!(error = %e, "heartbeat not stored"),
+        }
+    }
+}
+
+/// This machine's host name, for heartbeats.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -1,0 +1,431 @@
+//! Which models are loaded in the runtime. Pinned models are loaded at once and never evicted;
+//! lazy models load on first demand and the least recently used idle lazy model is unloaded
+//! when loading another would exceed the memory budget. After a runtime restart every model
+//! that was loaded (or loading) is loaded again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::protocol::{ErrorBody, LoadRequest, Placement};
+use crate::runtime::supervisor::Runtime;
+
+/// How soon a failed load may be tried again on demand.
+const RETRY_FAILED_LOAD: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Readiness {
+    Ready,
+    Loading,
+    Failed(ErrorBody),
+}
+
+#[derive(Debug, Clone)]
+enum Status {
+    Loading,
+    Loaded,
+    Failed { error: ErrorBody, retry_at: Instant },
+}
+
+#[derive(Debug)]
+struct Model {
+    request: LoadRequest,
+    estimate: u64,
+    pinned: bool,
+    status: Status,
+    /// What unloading this key would free, as last reported by the runtime.
+    bytes: u64,
+    last_used: Instant,
+    in_use: usize,
+    loader_running: bool,
+}
+
+#[derive(Default)]
+struct State {
+    models: HashMap<String, Model>,
+    /// Total runtime memory as last reported by `stats` (or summed from load replies).
+    used: u64,
+}
+
+pub struct Residency {
+    runtime: Arc<Runtime>,
+    budget: u64,
+    state: Mutex<State>,
+    /// One load or eviction sequence at a time, so two loads never both count the same room.
+    load_lock: tokio::sync::Mutex<()>,
+    /// Bumped on every status change; waiters re-check.
+    changed: watch::Sender<u64>,
+}
+
+/// Marks a model as busy (in a running batch) so that it is not evicted under the batch.
+pub struct InUse {
+    residency: Arc<Residency>,
+    key: String,
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let mut state = self.residency.lock();
+        if let Some(model) = state.models.get_mut(&self.key) {
+            model.in_use = model.in_use.saturating_sub(1);
+            model.last_used = Instant::now();
+        }
+    }
+}
+
+impl Residency {
+    pub fn new(runtime: Arc<Runtime>, budget: u64) -> Arc<Self> {
+        Arc::new(Self {
+            runtime,
+            budget,
+            state: Mutex::new(State::default()),
+            load_lock: tokio::sync::Mutex::new(()),
+            changed: watch::Sender::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("residency lock")
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Model keys loaded now, sorted.
+    pub fn loaded(&self) -> Vec<String> {
+        let state = self.lock();
+        let mut keys: Vec<String> = state
+            .models
+            .iter()
+            .filter(|(_, m)| matches!(m.status, Status::Loaded))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Whether the placement's model can serve now; starts loading it when it is not loaded.
+    pub fn ensure(self: &Arc<Self>, placement: &Placement) -> Readiness {
+        let key = placement.model_key.clone();
+        let mut state = self.lock();
+        let model = state.models.entry(key.clone()).or_insert_with(|| Model {
+            request: placement.load_request(),
+            estimate: placement.memory_bytes,
+            pinned: placement.pinned,
+            status: Status::Loading,
+            bytes: 0,
+            last_used: Instant::now(),
+            in_use: 0,
+            loader_running: false,
+        });
+        model.last_used = Instant::now();
+        let readiness = match &model.status {
+            Status::Loaded => return Readiness::Ready,
+            Status::Loading => Readiness::Loading,
+            Status::Failed { retry_at, .. } if Instant::now() >= *retry_at => {
+                model.status = Status::Loading;
+                Readiness::Loading
+            }
+            Status::Failed { error, .. } => return Readiness::Failed(error.clone()),
+        };
+        if !model.loader_running {
+            model.loader_running = true;
+            drop(state);
+            tokio::spawn(self.clone().load(key));
+        }
+        readiness
+    }
+
+    /// Marks a loaded model busy for the life of the guard; `None` when it is not loaded.
+    pub fn acquire(self: &Arc<Self>, key: &str) -> Option<InUse> {
+        let mut state = self.lock();
+        let model = state.models.get_mut(key)?;
+        if !matches!(model.status, Status::Loaded) {
+            return None;
+        }
+        model.in_use += 1;
+        model.last_used = Instant::now();
+        Some(InUse {
+            residency: self.clone(),
+            key: key.to_string(),
+        })
+    }
+
+    /// Waits until the model is ready or failed, at most `timeout`.
+    pub async fn wait(self: &Arc<Self>, placement: &Placement, timeout: Duration) -> Readiness {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let readiness = self.ensure(placement);
+            if readiness != Readiness::Loading {
+                return readiness;
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Readiness::Loading;
+            }
+        }
+    }
+
+    /// Brings residency in line with the desired placements: pins follow the placements,
+    /// pinned models load now, and models no placement (and no running task) names are unloaded.
+    pub async fn sync(self: &Arc<Self>, placements: &[Placement], keep: &HashSet<String>) {
+        let pinned: HashSet<&str> = placements
+            .iter()
+            .filter(|p| p.pinned)
+            .map(|p| p.model_key.as_str())
+            .collect();
+        let wanted: HashSet<&str> = placements.iter().map(|p| p.model_key.as_str()).collect();
+        let unwanted: Vec<String> = {
+            let mut state = self.lock();
+            for (key, model) in state.models.iter_mut() {
+                model.pinned = pinned.contains(key.as_str());
+            }
+            state
+                .models
+                .iter()
+                .filter(|(k, m)| {
+                    !wanted.contains(k.as_str()) && !keep.contains(*k) && m.in_use == 0
+                })
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for placement in placements.iter().filter(|p| p.pinned) {
+            self.ensure(placement);
+        }
+        for key in unwanted {
+            let _guard = self.load_lock.lock().await;
+            self.unload(&key).await;
+        }
+    }
+
+    async fn load(self: Arc<Self>, key: String) {
+        loop {
+            let connected = self.runtime.connected().await;
+            let guard = self.load_lock.lock().await;
+            let Some((request, estimate, pinned)) = self.pending_load(&key) else {
+                return;
+            };
+            self.make_room(estimate, &key).await;
+            let result = if self.used() + estimate > self.budget && !pinned {
+                Err(Error::Runtime(ErrorBody::new(
+                    "OUT_OF_MEMORY",
+                    &format!(
+                        "model {key} needs ~{estimate} bytes; {} of {} bytes are held by \
+                         pinned or busy models",
+                        self.used(),
+                        self.budget
+                    ),
+                    true,
+                )))
+            } else {
+                tracing::info!(model_key = %key, estimate, pinned, "loading model");
+                connected.client.load(request).await
+            };
+            if let Err(Error::RuntimeUnavailable(reason)) = &result {
+                // The runtime is restarting; load into the next one.
+                tracing::warn!(model_key = %key, %reason, "load interrupted; retrying");
+                drop(guard);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            self.finish_load(&key, result);
+            self.refresh_memory().await;
+            // The estimate may have been low: get back under budget by evicting idle lazy models.
+            self.make_room(0, &key).await;
+            self.notify();
+            return;
+        }
+    }
+
+    fn finish_load(&self, key: &str, result: Result<crate::protocol::LoadReply>) {
+        let mut state = self.lock();
+        let Some(model) = state.models.get_mut(key) else {
+            return;
+        };
+        model.loader_running = false;
+        match result {
+            Ok(reply) => {
+                tracing::info!(model_key = %key, memory_bytes = reply.memory_bytes, "model loaded");
+                model.status = Status::Loaded;
+                model.bytes = reply.memory_bytes;
+                model.last_used = Instant::now();
+                state.used += reply.memory_bytes;
+            }
+            Err(e) => {
+                tracing::error!(model_key = %key, error = %e, "model load failed");
+                model.status = Status::Failed {
+                    error: e.to_body(),
+                    retry_at: Instant::now() + RETRY_FAILED_LOAD,
+                };
+            }
+        }
+    }
+
+    /// What to load for `key`, or `None` (and the loader stops) when it is no longer wanted.
+    fn pending_load(&self, key: &str) -> Option<(LoadRequest, u64, bool)> {
+        let mut state = self.lock();
+        let model = state.models.get_mut(key)?;
+        if !matches!(model.status, Status::Loading) {
+            model.loader_running = false;
+            return None;
+        }
+        let model = state.models.get(key)?;
+        // Adapters on a base that is already loaded add little; do not evict for the base.
+        let base_loaded = state.models.values().any(|m| {
+            matches!(m.status, Status::Loaded) && m.request.base_path == model.request.base_path
+        });
+        let estimate = if base_loaded { 0 } else { model.estimate };
+        Some((model.request.clone(), estimate, model.pinned))
+    }
+
+    /// Unloads least recently used idle lazy models until `extra` more bytes fit the budget.
+    async fn make_room(&self, extra: u64, exclude: &str) {
+        loop {
+            let victim = {
+                let state = self.lock();
+                if state.used + extra <= self.budget {
+                    return;
+                }
+                state
+                    .models
+                    .iter()
+                    .filter(|(k, m)| {
+                        k.as_str() != exclude
+                            && !m.pinned
+                            && m.in_use == 0
+                            && matches!(m.status, Status::Loaded)
+                    })
+                    .min_by_key(|(_, m)| m.last_used)
+                    .map(|(k, _)| k.clone())
+            };
+            let Some(victim) = victim else { return };
+            tracing::info!(model_key = %victim, "evicting least recently used model");
+            if !self.unload(&victim).await {
+                return;
+            }
+        }
+    }
+
+    /// Unloads a model and forgets it; false when the runtime refused.
+    async fn unload(&self, key: &str) -> bool {
+        let loaded = {
+            let state = self.lock();
+            state
+                .models
+                .get(key)
+                .is_some_and(|m| matches!(m.status, Status::Loaded))
+        };
+        if loaded {
+            let client = match self.runtime.client() {
+                Ok(client) => client,
+                Err(_) => return false,
+            };
+            if let Err(e) = client.unload(key).await {
+                tracing::warn!(model_key = %key, error = %e, "unload failed");
+                return false;
+            }
+            tracing::info!(model_key = %key, "model unloaded");
+        }
+        {
+            let mut state = self.lock();
+            if let Some(model) = state.models.remove(key) {
+                state.used = state.used.saturating_sub(model.bytes);
+            }
+        }
+        self.refresh_memory().await;
+        self.notify();
+        true
+    }
+
+    /// Replaces our byte counts with the runtime's own (shared bases make sums inexact).
+    async fn refresh_memory(&self) {
+        let Ok(client) = self.runtime.client() else {
+            return;
+        };
+        let Ok(stats) = client.stats().await else {
+            return;
+        };
+        let mut state = self.lock();
+        state.used = stats.memory_bytes;
+        for reported in stats.models {
+            if let Some(model) = state.models.get_mut(&reported.model_key) {
+                model.bytes = reported.memory_bytes;
+            }
+        }
+    }
+
+    /// Follows runtime restarts: while it is down nothing is loaded; once a new runtime is
+    /// connected, everything that was loaded or wanted is loaded again.
+    pub async fn follow_runtime(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut runtime = self.runtime.subscribe();
+        let mut seen_generation = 0;
+        loop {
+            let generation = runtime.borrow_and_update().as_ref().map(|c| c.generation);
+            match generation {
+                Some(generation) if generation != seen_generation => {
+                    if seen_generation != 0 {
+                        tracing::info!(generation, "runtime restarted; loading models again");
+                    }
+                    seen_generation = generation;
+                    self.reload_all();
+                }
+                Some(_) => {}
+                None => self.forget_loaded(),
+            }
+            tokio::select! {
+                changed = runtime.changed() => if changed.is_err() { return },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    fn forget_loaded(&self) {
+        let mut state = self.lock();
+        state.used = 0;
+        for model in state.models.values_mut() {
+            model.status = Status::Loading;
+            model.bytes = 0;
+        }
+        drop(state);
+        self.notify();
+    }
+
+    fn reload_all(self: &Arc<Self>) {
+        let mut keys: Vec<(bool, String)> = {
+            let mut state = self.lock();
+            state.used = 0;
+            state
+                .models
+                .iter_mut()
+                .filter(|(_, m)| !m.loader_running)
+                .map(|(k, m)| {
+                    m.status = Status::Loading;
+                    m.loader_running = true;
+                    (!m.pinned, k.clone())
+                })
+                .collect()
+        };
+        // Pinned first: they serve right away and must not wait behind lazy ones.
+        keys.sort();
+        for (_, key) in keys {
+            tokio::spawn(self.clone().load(key));
+        }
+        self.notify();
+    }
+}
