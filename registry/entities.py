@@ -174,3 +174,58 @@ class AuditEntry:
     entity_id: str
     detail: dict[str, Any]
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker heartbeat as the fleet watcher hands it to the registry."""
+
+    worker_id: str
+    host: str
+    reported_at: datetime
+    loaded: list[str]
+    memory_used: int
+    memory_budget: int
+    queue_depth: dict[str, int]
+    runtimes: list[str]
+    epochs: dict[str, int]  # task -> placement epoch the worker serves
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: int
+    worker_id: str
+    host: str
+    loaded: list[str]
+    memory_used: int
+    memory_budget: int
+    queue_depth: dict[str, int]
+    runtimes: list[str]
+    epochs: dict[str, int]
+    reported_at: datetime
+    seen_at: datetime
+    reachable: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class PlacementStatus:
+    """Desired (newest placement) against reported (reachable workers' epochs) for one task."""
+
+    task: str
+    candidate: str
+    desired_epoch: int
+    pinned: bool
+    replicas: int
+    published_at: datetime | None
+    reported: dict[str, int]  # worker id -> epoch it serves the task with
+
+    @property
+    def converged_workers(self) -> list[str]:
+        return sorted(w for w, epoch in self.reported.items() if epoch >= self.desired_epoch)
+
+    @property
+    def converged(self) -> bool:
+        """True once at least `replicas` workers serve the desired epoch."""
+        return len(self.converged_workers) >= self.replicas
+

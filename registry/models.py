@@ -202,3 +202,24 @@ class AuditRow(Base):
     entity_id: Mapped[str] = mapped_column(String(128), nullable=False)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = _created()
+
+
+class WorkerRow(Base):
+    """The last heartbeat of each worker, mirrored from NATS KV `workers` by the fleet watcher."""
+
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    host: Mapped[str] = mapped_column(String(255), nullable=False)
+    loaded: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    memory_used: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    memory_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    queue_depth: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
+    runtimes: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    epochs: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
+    # When the worker sent its last heartbeat (its clock) and when the watcher recorded it
+    # (ours): staleness is judged on our clock so a skewed worker clock cannot hide it.
+    reported_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    reachable: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created_at: Mapped[datetime] = _created()

@@ -1,0 +1,129 @@
+"""The fleet as last reported: worker heartbeats mirrored into the database.
+
+The fleet watcher (``serving/fleet.py``) is the only caller of the write methods; it copies
+NATS KV ``workers`` here so the dashboard and ``taskfleet placement ls`` can compare desired
+and reported placement epochs from the database alone, also while NATS is down.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, update
+
+from registry import entities as e
+from registry.base import ServiceBase
+from registry.errors import InvalidInput
+from registry.models import WorkerRow, utcnow
+
+
+class FleetMixin(ServiceBase):
+    if TYPE_CHECKING:  # provided by PlacementMixin in `Registry`
+
+        def list_placements(self) -> list[e.Placement]: ...
+
+    def record_worker_report(self, report: e.WorkerReport) -> e.Worker:
+        """Insert or refresh a worker's row from its newest heartbeat.
+
+        Heartbeats arrive every few seconds per worker, so they are deliberately not written
+        to the audit log (it records acts of people and promotions, not liveness).
+        """
+        if not report.worker_id or len(report.worker_id) > 128:
+            raise InvalidInput("worker id must be 1 to 128 characters")
+        if report.memory_used < 0 or report.memory_budget < 0:
+            raise InvalidInput("worker memory figures must be >= 0")
+        with self._write() as s:
+            row = s.scalar(select(WorkerRow).where(WorkerRow.worker_id == report.worker_id))
+            if row is None:
+                row = WorkerRow(worker_id=report.worker_id)
+                s.add(row)
+            elif row.reported_at > report.reported_at:
+                # An older heartbeat replayed after a newer one (watch restart): keep the newer.
+                row.seen_at = utcnow()
+                row.reachable = True
+                s.flush()
+                return worker_entity(row)
+            row.host = report.host[:255]
+            row.loaded = list(report.loaded)
+            row.memory_used = report.memory_used
+            row.memory_budget = report.memory_budget
+            row.queue_depth = dict(report.queue_depth)
+            row.runtimes = list(report.runtimes)
+            row.epochs = dict(report.epochs)
+            row.reported_at = report.reported_at
+            row.seen_at = utcnow()
+            row.reachable = True
+            s.flush()
+            return worker_entity(row)
+
+    def mark_workers_unreachable(self, seen_before: datetime) -> list[str]:
+        """Flag workers whose last heartbeat was recorded before ``seen_before``; their ids."""
+        with self._write() as s:
+            ids = list(
+                s.scalars(
+                    select(WorkerRow.worker_id).where(
+                        WorkerRow.reachable.is_(True), WorkerRow.seen_at < seen_before
+                    )
+                )
+            )
+            if ids:
+                s.execute(
+                    update(WorkerRow).where(WorkerRow.worker_id.in_(ids)).values(reachable=False)
+                )
+            return sorted(ids)
+
+    def forget_workers(self, seen_before: datetime) -> list[str]:
+        """Delete unreachable workers not heard of since ``seen_before`` (retired machines)."""
+        with self._write() as s:
+            rows = list(
+                s.scalars(
+                    select(WorkerRow).where(
+                        WorkerRow.reachable.is_(False), WorkerRow.seen_at < seen_before
+                    )
+                )
+            )
+            for row in rows:
+                s.delete(row)
+            return sorted(r.worker_id for r in rows)
+
+    def list_workers(self, *, reachable_only: bool = False) -> list[e.Worker]:
+        with self._read() as s:
+            query = select(WorkerRow).order_by(WorkerRow.worker_id)
+            if reachable_only:
+                query = query.where(WorkerRow.reachable.is_(True))
+            return [worker_entity(r) for r in s.scalars(query)]
+
+    def placement_status(self) -> list[e.PlacementStatus]:
+        """Per placed task: the desired epoch and the epoch each reachable worker reports."""
+        workers = self.list_workers(reachable_only=True)
+        return [
+            e.PlacementStatus(
+                task=p.task,
+                candidate=p.candidate,
+                desired_epoch=p.epoch,
+                pinned=p.pinned,
+                replicas=p.replicas,
+                published_at=p.published_at,
+                reported={w.worker_id: w.epochs[p.task] for w in workers if p.task in w.epochs},
+            )
+            for p in self.list_placements()
+        ]
+
+
+def worker_entity(r: WorkerRow) -> e.Worker:
+    return e.Worker(
+        r.id,
+        r.worker_id,
+        r.host,
+        list(r.loaded),
+        r.memory_used,
+        r.memory_budget,
+        dict(r.queue_depth),
+        list(r.runtimes),
+        dict(r.epochs),
+        r.reported_at,
+        r.seen_at,
+        r.reachable,
+        r.created_at,
+    )
