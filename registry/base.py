@@ -16,10 +16,20 @@ from registry.models import AuditRow
 
 
 class ServiceBase:
-    def __init__(self, engine: Engine, artifacts: ArtifactStore, actor: str = "system") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        artifacts: ArtifactStore,
+        actor: str = "system",
+        roles: tuple[str, ...] = ("admin",),
+    ) -> None:
         self.engine = engine
         self.artifacts = artifacts
         self.actor = actor
+        # Who is acting decides what the rule-bound operations (promotion) allow. Local users
+        # of the CLI hold the database itself, so they act as admin; REST and dashboard users
+        # get the roles of their API key through `Registry.as_actor`.
+        self.roles = roles
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @contextmanager

@@ -229,3 +229,21 @@ class PlacementStatus:
         """True once at least `replicas` workers serve the desired epoch."""
         return len(self.converged_workers) >= self.replicas
 
+
+@dataclass(frozen=True)
+class PromotionCheck:
+    """The promotion rule's verdict for one challenger, with the evidence behind it."""
+
+    task: str
+    challenger: str
+    champion: str | None
+    passes: bool
+    reason: str
+    main_metric: str | None = None
+    margin: float = 0.0
+    difference: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    paired_queries: int = 0
+    challenger_run_id: int | None = None
+    champion_run_id: int | None = None

@@ -114,3 +114,14 @@ def eval_entity(s: Session, r: EvalRunRow) -> e.EvalRun:
         wall_seconds=r.wall_seconds,
         created_at=r.created_at,
     )
+
+
+def latest_run_row(
+    s: Session, candidate_id: int, *, suite_fingerprint: str | None = None, split: str | None = None
+) -> EvalRunRow | None:
+    query = select(EvalRunRow).where(EvalRunRow.candidate_id == candidate_id)
+    if suite_fingerprint is not None:
+        query = query.where(EvalRunRow.suite_fingerprint == suite_fingerprint)
+    if split is not None:
+        query = query.where(EvalRunRow.split == split)
+    return s.scalar(query.order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc()).limit(1))

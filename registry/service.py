@@ -10,13 +10,15 @@ from pathlib import Path
 
 from registry import db
 from registry.artifacts import ArtifactStore
-from registry.catalog import CatalogMixin
+from registry.entities import EvalRun, EvalRunCreate
 from registry.evalruns import EvalRunMixin
+from registry.fleet import FleetMixin
 from registry.keys import ApiKeyMixin
 from registry.placements import PlacementMixin
+from registry.promotions import PromotionMixin
 
 
-class Registry(CatalogMixin, EvalRunMixin, PlacementMixin, ApiKeyMixin):
+class Registry(PromotionMixin, EvalRunMixin, PlacementMixin, ApiKeyMixin, FleetMixin):
     @classmethod
     def open(
         cls, database_url: str, *, artifact_dir: Path, actor: str = "system", migrate: bool = True
@@ -27,11 +29,17 @@ class Registry(CatalogMixin, EvalRunMixin, PlacementMixin, ApiKeyMixin):
             db.upgrade(engine)
         return cls(engine, ArtifactStore(artifact_dir), actor=actor)
 
-    def as_actor(self, actor: str) -> Registry:
+    def as_actor(self, actor: str, roles: tuple[str, ...] | list[str] = ("admin",)) -> Registry:
         """The same registry acting for someone else (REST/dashboard users)."""
-        clone = Registry(self.engine, self.artifacts, actor=actor)
+        clone = Registry(self.engine, self.artifacts, actor=actor, roles=tuple(roles))
         clone._sessions = self._sessions
         return clone
+
+    def record_eval_run(self, run: EvalRunCreate) -> EvalRun:
+        """Record a finished eval run; tasks that opted in promote a winner right away."""
+        recorded = super().record_eval_run(run)
+        self.maybe_auto_promote(run.task, run.candidate)
+        return recorded
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,286 @@
+"""Promotion and rollback: the rule, and the one transaction (promotion record + placement).
+
+A challenger may be promoted when its latest eval run beats the champion's run on the same
+suite version (fingerprint and split) by the task's margin, with the paired-bootstrap lower
+bound of the difference above zero. Otherwise only an admin may promote, with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry import entities as e
+from registry.catalog import CatalogMixin, _candidate_row, _task_row, candidate_entity
+from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from registry.evalruns import latest_run_row
+from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow
+from registry.placements import _latest, _new_placement
+from registry.stats import paired_difference_ci
+
+PROMOTE_ROLES = ("promoter", "admin")
+AUTO_PROMOTE_ACTOR = "system:auto-promote"
+UNSET = "\0unset"
+
+
+class PromotionRuleNotMet(InvalidInput):
+    code = "PROMOTION_RULE_NOT_MET"
+
+
+class PromotionMixin(CatalogMixin):
+    def champion(self, task: str) -> e.Candidate | None:
+        with self._read() as s:
+            row = _champion_row(s, _task_row(s, task).id)
+            return candidate_entity(s, row) if row else None
+
+    def list_promotions(self, task: str) -> list[e.Promotion]:
+        """The append-only promotion history of a task, newest first."""
+        with self._read() as s:
+            rows = s.scalars(
+                select(PromotionRow)
+                .where(PromotionRow.task_id == _task_row(s, task).id)
+                .order_by(PromotionRow.id.desc())
+            )
+            return [promotion_entity(s, r) for r in rows]
+
+    def check_promotion(self, task: str, candidate: str) -> e.PromotionCheck:
+        """Does the rule allow promoting this candidate now? Never writes."""
+        with self._read() as s:
+            task_row = _task_row(s, task)
+            cand = _candidate_row(s, task, candidate)
+            champ = _champion_row(s, task_row.id)
+            verdict = e.PromotionCheck(
+                task=task,
+                challenger=candidate,
+                champion=champ.name if champ else None,
+                passes=False,
+                reason="",
+                margin=task_row.margin,
+            )
+            if cand.kind == "bm25":
+                return _with(verdict, reason="a bm25 candidate has no model to place on the fleet")
+            if champ is not None and champ.id == cand.id:
+                return _with(verdict, reason=f"{candidate!r} is already the champion")
+            run = latest_run_row(s, cand.id)
+            if run is None:
+                return _with(verdict, reason=f"{candidate!r} has no eval run on this task")
+            verdict = _with(verdict, main_metric=run.main_metric, challenger_run_id=run.id)
+            if champ is None:
+                return _with(verdict, passes=True, reason="no champion yet; challenger evaluated")
+            champ_run = latest_run_row(
+                s, champ.id, suite_fingerprint=run.suite_fingerprint, split=run.split
+            )
+            if champ_run is None:
+                return _with(
+                    verdict,
+                    reason=f"champion {champ.name!r} has no eval run on the same suite version",
+                )
+            interval, paired = paired_difference_ci(run.per_query, champ_run.per_query)
+            verdict = _with(
+                verdict,
+                champion_run_id=champ_run.id,
+                difference=interval.estimate,
+                ci_low=interval.low,
+                ci_high=interval.high,
+                paired_queries=paired,
+            )
+            metric = run.main_metric
+            if interval.estimate < task_row.margin:
+                return _with(
+                    verdict,
+                    reason=f"{metric} improves by {interval.estimate:+.4f}, "
+                    f"less than the task's margin {task_row.margin:g}",
+                )
+            if interval.low <= 0:
+                return _with(
+                    verdict,
+                    reason=f"the 95% CI of the {metric} difference "
+                    f"[{interval.low:+.4f}, {interval.high:+.4f}] does not exclude zero",
+                )
+            return _with(
+                verdict,
+                passes=True,
+                reason=f"{metric} {interval.estimate:+.4f} "
+                f"(95% CI [{interval.low:+.4f}, {interval.high:+.4f}], {paired} queries)",
+            )
+
+    def promote(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        reason: str = "",
+        override: bool = False,
+        expected_champion: str | None = UNSET,
+    ) -> e.Promotion:
+        """Make a candidate champion: promotion record + new placement epoch, atomically.
+
+        `expected_champion` guards against stale forms: if the champion changed since the
+        caller looked, nothing happens and Conflict is raised.
+        """
+        if not set(self.roles) & set(PROMOTE_ROLES):
+            raise PermissionDenied("promoting needs the promoter or admin role")
+        if self.get_candidate(task, candidate).kind == "bm25":
+            raise InvalidInput("a bm25 candidate has no model to place on the fleet")
+        check = self.check_promotion(task, candidate)
+        if not check.passes:
+            if check.champion == candidate:
+                raise Conflict(check.reason)
+            if not override:
+                raise PromotionRuleNotMet(
+                    f"cannot promote {candidate!r}: {check.reason}; an admin may override "
+                    "with a reason"
+                )
+            if "admin" not in self.roles:
+                raise PermissionDenied("overriding the promotion rule needs the admin role")
+            if not reason.strip():
+                raise InvalidInput("overriding the promotion rule needs a reason")
+        run_ids = [i for i in (check.challenger_run_id, check.champion_run_id) if i is not None]
+        return self._switch(
+            task,
+            candidate,
+            kind="promote",
+            reason=reason or check.reason,
+            eval_run_ids=run_ids,
+            seen_champion=check.champion,
+            expected_champion=expected_champion,
+        )
+
+    def rollback(
+        self, task: str, *, reason: str = "", expected_champion: str | None = UNSET
+    ) -> e.Promotion:
+        """Return the task to the champion before the current one."""
+        if not set(self.roles) & set(PROMOTE_ROLES):
+            raise PermissionDenied("rolling back needs the promoter or admin role")
+        with self._read() as s:
+            task_row = _task_row(s, task)
+            last = _latest_promotion(s, task_row.id)
+            if last is None or last.previous_candidate_id is None:
+                raise InvalidInput(f"task {task!r} has no previous champion to roll back to")
+            previous = s.get(CandidateRow, last.previous_candidate_id)
+            current = s.get(CandidateRow, last.candidate_id)
+            assert previous is not None and current is not None
+            target, seen = previous.name, current.name
+        return self._switch(
+            task,
+            target,
+            kind="rollback",
+            reason=reason or f"rollback from {seen}",
+            eval_run_ids=[],
+            seen_champion=seen,
+            expected_champion=expected_champion,
+        )
+
+    def _switch(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        kind: str,
+        reason: str,
+        eval_run_ids: list[int],
+        seen_champion: str | None,
+        expected_champion: str | None,
+    ) -> e.Promotion:
+        with self._write() as s:
+            task_row = _task_row(s, task)
+            cand = _candidate_row(s, task, candidate)
+            champ = _champion_row(s, task_row.id)
+            now = champ.name if champ else None
+            if expected_champion != UNSET and now != expected_champion:
+                raise Conflict(
+                    f"the champion of {task!r} changed meanwhile (now {now or 'none'}); "
+                    "reload and try again"
+                )
+            if now != seen_champion:
+                raise Conflict(f"the champion of {task!r} changed while checking; try again")
+            if champ is not None and champ.id == cand.id:
+                raise Conflict(f"{candidate!r} is already the champion")
+            previous = _latest(s, task_row.id)
+            placement = _new_placement(
+                s,
+                task_row,
+                cand,
+                pinned=previous.pinned if previous else True,
+                replicas=previous.replicas if previous else 1,
+            )
+            row = PromotionRow(
+                task_id=task_row.id,
+                candidate_id=cand.id,
+                previous_candidate_id=champ.id if champ else None,
+                kind=kind,
+                actor=self.actor,
+                reason=reason,
+                eval_run_ids=eval_run_ids,
+                placement_id=placement.id,
+            )
+            s.add(row)
+            s.flush()
+            self._audit(
+                s,
+                f"task.{kind}",
+                "task",
+                task,
+                {"candidate": candidate, "previous": now, "epoch": placement.epoch},
+            )
+            return promotion_entity(s, row)
+
+    def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
+        """After a new eval run: promote as the system if the task opted in and the rule holds."""
+        if not self.get_task_auto_promote(task):
+            return None
+        if not self.check_promotion(task, candidate).passes:
+            return None
+        system = type(self)(
+            self.engine, self.artifacts, actor=AUTO_PROMOTE_ACTOR, roles=("promoter",)
+        )
+        system._sessions = self._sessions
+        try:
+            return system.promote(task, candidate, reason="auto-promotion: rule met")
+        except Conflict:
+            return None  # someone else promoted in between; their record stands
+
+    def get_task_auto_promote(self, task: str) -> bool:
+        with self._read() as s:
+            return _task_row(s, task).auto_promote
+
+
+def _with(check: e.PromotionCheck, **changes: object) -> e.PromotionCheck:
+    return replace(check, **changes)  # type: ignore[arg-type]
+
+
+def _latest_promotion(s: Session, task_id: int) -> PromotionRow | None:
+    return s.scalar(
+        select(PromotionRow)
+        .where(PromotionRow.task_id == task_id)
+        .order_by(PromotionRow.id.desc())
+        .limit(1)
+    )
+
+
+def _champion_row(s: Session, task_id: int) -> CandidateRow | None:
+    last = _latest_promotion(s, task_id)
+    return s.get(CandidateRow, last.candidate_id) if last else None
+
+
+def promotion_entity(s: Session, r: PromotionRow) -> e.Promotion:
+    task = s.get(TaskRow, r.task_id)
+    cand = s.get(CandidateRow, r.candidate_id)
+    prev = s.get(CandidateRow, r.previous_candidate_id) if r.previous_candidate_id else None
+    placement = s.get(PlacementRow, r.placement_id)
+    if task is None or cand is None or placement is None:
+        raise NotFound(f"promotion {r.id} refers to missing rows")
+    return e.Promotion(
+        r.id,
+        task.name,
+        cand.name,
+        prev.name if prev else None,
+        r.kind,
+        r.actor,
+        r.reason,
+        list(r.eval_run_ids),
+        placement.epoch,
+        r.created_at,
+    )
