@@ -1,6 +1,4 @@
-"""Builders for eval tests: a small deterministic BEIR folder, a tiny random sentence-transformers
-model over its vocabulary, and a LoRA adapter for that model. No network, a few seconds.
-"""
+"""A small, deterministic BEIR-layout folder for eval tests (tiny models: tests/tiny_model.py)."""
 
 from __future__ import annotations
 
@@ -62,52 +60,3 @@ def build_beir(
                 lines += [f"{qid}\t{d}\t1" for d in relevant]
             (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     return root
-
-
-def fixture_vocab() -> list[str]:
-    words = sorted({w for v in TOPICS.values() for w in v.split()} | set(FILLER))
-    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *sorted(TOPICS)]
-
-
-def build_tiny_model(root: Path, *, seed: int = 0, hidden: int = 32) -> Path:
-    """A random-initialised 2-layer BERT as a sentence-transformers folder (mean pooling)."""
-    import torch
-    from sentence_transformers import SentenceTransformer, models
-    from transformers import BertConfig, BertModel, BertTokenizer
-
-    bert_dir = root / "bert"
-    bert_dir.mkdir(parents=True, exist_ok=True)
-    vocab = {word: i for i, word in enumerate(fixture_vocab())}
-    tokenizer = BertTokenizer(vocab=vocab, do_lower_case=True, strip_accents=False)
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(fixture_vocab()),
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=hidden * 2,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(str(bert_dir))
-    tokenizer.save_pretrained(str(bert_dir))
-    transformer = models.Transformer(str(bert_dir), max_seq_length=64)
-    pooling = models.Pooling(hidden, pooling_mode="mean")
-    out = root / "model"
-    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
-    return out
-
-
-def build_lora_adapter(model_dir: Path, out: Path, *, seed: int = 1, rank: int = 4) -> Path:
-    """A peft LoRA adapter for the tiny model with non-zero (random) B so it changes vectors."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import BertModel
-
-    torch.manual_seed(seed)
-    base = BertModel.from_pretrained(str(model_dir))
-    config = LoraConfig(
-        r=rank, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False
-    )
-    peft_model = get_peft_model(base, config)
-    peft_model.save_pretrained(str(out))
-    return out

@@ -1,0 +1,185 @@
+"""Markdown and PNG reports of eval runs: one run, or a task's leaderboard.
+
+Works on anything shaped like an eval run (the registry's ``EvalRun`` or the harness's
+``EvalResult``), so reports need no database.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+class ScoredRun(Protocol):
+    @property
+    def split(self) -> str: ...
+    @property
+    def main_metric(self) -> str: ...
+    @property
+    def metrics(self) -> dict[str, float]: ...
+    @property
+    def ci(self) -> dict[str, tuple[float, float]]: ...
+    @property
+    def cost(self) -> dict[str, float]: ...
+    @property
+    def sample_size(self) -> int | None: ...
+    @property
+    def warnings(self) -> list[str]: ...
+    @property
+    def wall_seconds(self) -> float: ...
+    @property
+    def suite_fingerprint(self) -> str: ...
+
+
+def machine_description() -> str:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cpu}, {cores} cores usable, {platform.system()} {platform.release()}, no GPU used"
+
+
+def _fmt_ci(run: ScoredRun, metric: str) -> str:
+    value = run.metrics.get(metric)
+    if value is None:
+        return "-"
+    low, high = run.ci.get(metric, (value, value))
+    return f"{value:.4f} [{low:.4f}, {high:.4f}]"
+
+
+def _queries(run: ScoredRun) -> str:
+    return f"sample {run.sample_size}" if run.sample_size else "all"
+
+
+def run_markdown(task: str, candidate: str, run: ScoredRun) -> str:
+    """One run: metrics with 95% CIs, cost, warnings."""
+    lines = [
+        f"# Eval run: {task} / {candidate}",
+        "",
+        f"- split: `{run.split}` ({_queries(run)} queries), suite fingerprint "
+        f"`{run.suite_fingerprint[:12]}`",
+        f"- wall time: {run.wall_seconds:.1f} s",
+        "",
+        "| metric | value [95% CI] |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {m}{' (main)' if m == run.main_metric else ''} | {_fmt_ci(run, m)} |"
+        for m in run.metrics
+    ]
+    lines += ["", "| cost | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in sorted(run.cost.items())]
+    if run.warnings:
+        lines += ["", "## Warnings", "", *[f"- {w}" for w in run.warnings]]
+    return "\n".join(lines) + "\n"
+
+
+def leaderboard_markdown(
+    task: str,
+    runs: Mapping[str, ScoredRun],
+    *,
+    title_note: str = "",
+    extra_lines: Sequence[str] = (),
+) -> str:
+    """A table of candidates sorted by the main metric (CIs in brackets), with cost."""
+    ordered = sorted(runs.items(), key=lambda kv: -kv[1].metrics[kv[1].main_metric])
+    metrics: list[str] = []
+    for _, run in ordered:
+        metrics += [m for m in run.metrics if m not in metrics]
+    header = ["rank", "candidate", *metrics, "items/s", "tokens/s", "p50 ms", "p95 ms"]
+    header += ["queries", "wall s"]
+    lines = [f"# Leaderboard: {task}", ""]
+    if title_note:
+        lines += [title_note, ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for rank, (name, run) in enumerate(ordered, start=1):
+        cost = run.cost
+        row = [str(rank), f"`{name}`", *[_fmt_ci(run, m) for m in metrics]]
+        row += [
+            f"{cost.get('items_per_s', 0.0):.1f}",
+            f"{cost.get('tokens_per_s', 0.0):.0f}",
+            f"{cost.get('latency_p50_ms', 0.0):.1f}",
+            f"{cost.get('latency_p95_ms', 0.0):.1f}",
+            _queries(run),
+            f"{run.wall_seconds:.1f}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    main = ordered[0][1].main_metric if ordered else "-"
+    lines += [
+        "",
+        f"Main metric: `{main}`. Brackets: 95% percentile bootstrap CI over queries "
+        "(1000 resamples, seed 0). Cost: encoded items/s and tokens/s, per-batch latency "
+        "(for a fully cached run, the cost measured when its vectors were encoded).",
+        f"Generated {datetime.now().astimezone():%Y-%m-%d %H:%M %Z} on {machine_description()}.",
+        *extra_lines,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def leaderboard_chart(task: str, runs: Mapping[str, ScoredRun], path: Path) -> Path:
+    """Main metric with CI whiskers (left) and throughput (right), one bar per candidate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(runs.items(), key=lambda kv: -kv[1].metrics[kv[1].main_metric])
+    names = [n for n, _ in ordered]
+    main = ordered[0][1].main_metric if ordered else "score"
+    values = np.array([r.metrics[r.main_metric] for _, r in ordered])
+    lows = np.array(
+        [r.ci.get(r.main_metric, (v, v))[0] for (_, r), v in zip(ordered, values, strict=True)]
+    )
+    highs = np.array(
+        [r.ci.get(r.main_metric, (v, v))[1] for (_, r), v in zip(ordered, values, strict=True)]
+    )
+    speed = [r.cost.get("items_per_s", 0.0) for _, r in ordered]
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(names) + 2.2), squeeze=True)
+    y = np.arange(len(names))
+    ax1.barh(y, values, xerr=[values - lows, highs - values], capsize=4, color="#4c72b0")
+    ax1.set_yticks(y, names)
+    ax1.invert_yaxis()
+    ax1.set_xlabel(f"{main} (95% bootstrap CI)")
+    ax2.barh(y, speed, color="#dd8452")
+    ax2.set_yticks(y, [""] * len(names))
+    ax2.invert_yaxis()
+    ax2.set_xlabel("items/s (cost)")
+    fig.suptitle(f"{task}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_leaderboard(
+    task: str,
+    runs: Mapping[str, ScoredRun],
+    out_dir: Path,
+    *,
+    title_note: str = "",
+    extra_lines: Sequence[str] = (),
+) -> tuple[Path, Path]:
+    """Write ``leaderboard.md`` and ``leaderboard.png`` under out_dir."""
+    if not runs:
+        raise ValueError(f"task {task!r} has no eval runs to report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = leaderboard_chart(task, runs, out_dir / "leaderboard.png")
+    text = leaderboard_markdown(task, runs, title_note=title_note, extra_lines=extra_lines)
+    md = out_dir / "leaderboard.md"
+    md.write_text(text + "\n![leaderboard](leaderboard.png)\n", encoding="utf-8")
+    return md, png

@@ -1,0 +1,250 @@
+"""The one place the eval harness touches the registry: resolve a candidate, run, record.
+
+An eval run is recorded only after it has completed: the harness computes everything in
+memory, then MLflow gets the run, then the registry gets one ``EvalRunCreate`` in one
+transaction. Ctrl-C before that point leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evals.bootstrap import Interval, paired_difference_ci
+from evals.cache import EmbeddingCache
+from evals.errors import CandidateError, EvalError, EvalInterrupted
+from evals.harness import EvalResult, Retriever, evaluate
+from evals.report import run_markdown
+from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, _no_progress
+from evals.suites import SuiteSpec, get_suite
+
+if TYPE_CHECKING:
+    from registry import Registry
+    from registry.entities import Candidate, EvalRun
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class EvalPaths:
+    """Where the shell says things live (from taskfleet settings / CLI flags)."""
+
+    cache_dir: Path
+    mlflow_uri: str | None = None  # None: do not log to MLflow
+    data_root: Path | None = None  # None: ../shared/data next to the repository
+    suite_location: Path | None = None  # overrides the suite's own folder
+
+
+@dataclass(frozen=True)
+class ResolvedCandidate:
+    retriever: Retriever
+    model_fingerprint: str | None
+    adapter_fingerprint: str | None
+    trained_on: list[tuple[str | None, str]]
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:
+    return get_suite(reg.get_task(task).suite, location=paths.suite_location)
+
+
+def resolve_candidate(
+    reg: Registry, candidate: Candidate, cache: EmbeddingCache
+) -> ResolvedCandidate:
+    """Build the retriever a registered candidate stands for, with its fingerprints and lineage."""
+    from serving.runtime.encoder import ModelSpec
+
+    if candidate.kind == "bm25":
+        return ResolvedCandidate(BM25Retriever(), None, None, [])
+    if candidate.kind != "embedding" or candidate.base_model is None:
+        raise CandidateError(
+            f"candidate {candidate.name!r} has unsupported kind {candidate.kind!r}"
+        )
+    base = reg.get_model(candidate.base_model)
+    adapter_path: Path | None = None
+    adapter_fp: str | None = None
+    trained_on: list[tuple[str | None, str]] = []
+    if candidate.adapter is not None:
+        adapter = reg.get_adapter(candidate.adapter)
+        if adapter.base_model != base.name:
+            raise CandidateError(
+                f"adapter {adapter.name!r} was trained on {adapter.base_model!r}, "
+                f"but candidate {candidate.name!r} uses base {base.name!r}"
+            )
+        adapter_path = reg.adapter_path(adapter.name)
+        adapter_fp = adapter.sha256
+        trained_on = [(a.training.suite, a.training.train_split) for a in reg.lineage(adapter.name)]
+    spec = ModelSpec(
+        base_path=reg.model_path(base.name),
+        adapter_path=adapter_path,
+        query_prefix=base.query_prefix,
+        passage_prefix=base.passage_prefix,
+    )
+    retriever = DenseRetriever(
+        spec, model_fingerprint=base.sha256, adapter_fingerprint=adapter_fp, cache=cache
+    )
+    return ResolvedCandidate(retriever, base.sha256, adapter_fp, trained_on)
+
+
+def run_eval(
+    reg: Registry,
+    task: str,
+    candidate_name: str,
+    paths: EvalPaths,
+    *,
+    split: str | None = None,
+    sample: int | None = None,
+    progress: ProgressFn = _no_progress,
+) -> EvalRun:
+    """Evaluate a registered candidate on its task's suite and record the run."""
+    from registry.entities import EvalRunCreate
+    from serving.runtime.encoder import ModelLoadError
+
+    suite = task_suite(reg, task, paths)
+    split = split or suite.test_splits[0]
+    candidate = reg.get_candidate(task, candidate_name)
+    cache = EmbeddingCache.in_dir(paths.cache_dir)
+    try:
+        resolved = resolve_candidate(reg, candidate, cache)
+        result = evaluate(
+            suite,
+            split,
+            resolved.retriever,
+            data_root=paths.data_root,
+            sample=sample,
+            trained_on=resolved.trained_on,
+            progress=progress,
+        )
+    except KeyboardInterrupt:
+        raise EvalInterrupted("interrupted; no eval run was recorded") from None
+    except ModelLoadError as exc:
+        raise CandidateError(str(exc)) from None
+    finally:
+        cache.close()
+
+    version = code_version()
+    mlflow_run_id = None
+    if paths.mlflow_uri:
+        mlflow_run_id = _log_to_mlflow(paths.mlflow_uri, task, candidate, result, resolved, version)
+    create = EvalRunCreate(
+        task=task,
+        candidate=candidate.name,
+        suite_name=result.suite_name,
+        suite_version=result.suite_version,
+        suite_fingerprint=result.suite_fingerprint,
+        split=result.split,
+        main_metric=result.main_metric,
+        metrics=result.metrics,
+        ci=result.ci,
+        cost=result.cost,
+        per_query=result.per_query,
+        model_fingerprint=resolved.model_fingerprint,
+        adapter_fingerprint=resolved.adapter_fingerprint,
+        sample_size=result.sample_size,
+        warnings=result.warnings,
+        code_version=version,
+        mlflow_run_id=mlflow_run_id,
+        wall_seconds=result.wall_seconds,
+    )
+    return reg.record_eval_run(create)
+
+
+def _log_to_mlflow(
+    uri: str,
+    task: str,
+    candidate: Candidate,
+    result: EvalResult,
+    resolved: ResolvedCandidate,
+    version: str,
+) -> str:
+    params = {
+        "task": task,
+        "candidate": candidate.name,
+        "kind": candidate.kind,
+        "base_model": candidate.base_model or "",
+        "adapter": candidate.adapter or "",
+        "suite": f"{result.suite_name}@{result.suite_version}",
+        "suite_fingerprint": result.suite_fingerprint,
+        "split": result.split,
+        "sample_size": result.sample_size or "all",
+        "model_fingerprint": resolved.model_fingerprint or "",
+        "adapter_fingerprint": resolved.adapter_fingerprint or "",
+        "code_version": version,
+    }
+    metrics = dict(result.metrics)
+    for name, (low, high) in result.ci.items():
+        metrics[f"{name}_ci_low"] = low
+        metrics[f"{name}_ci_high"] = high
+    metrics.update({f"cost_{k}": v for k, v in result.cost.items()})
+    metrics["wall_seconds"] = result.wall_seconds
+    from evals.tracking import log_eval_run
+
+    try:
+        return log_eval_run(
+            uri,
+            task=task,
+            run_name=candidate.name,
+            params=params,
+            metrics=metrics,
+            report_markdown=run_markdown(task, candidate.name, result),
+        )
+    except KeyboardInterrupt:
+        raise EvalInterrupted("interrupted; no eval run was recorded") from None
+    except Exception as exc:  # MLflow raises many types; the run must not be half-recorded
+        raise EvalError(f"could not log the run to MLflow at {uri}: {exc}") from None
+
+
+def leaderboard(reg: Registry, task: str) -> dict[str, EvalRun]:
+    """Per candidate, its newest full run on a test split (else its newest sampled run)."""
+    suite_name = reg.get_task(task).suite
+    best: dict[str, EvalRun] = {}
+    for run in reg.list_eval_runs(task):  # newest first
+        if run.suite_name != suite_name:
+            continue
+        current = best.get(run.candidate)
+        if current is None or (current.sample_size is not None and run.sample_size is None):
+            best[run.candidate] = run
+    return best
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: EvalRun
+    b: EvalRun
+    difference: Interval  # mean(a - b) of the main metric over shared queries
+    shared_queries: int
+
+
+def compare(reg: Registry, task: str, a: str, b: str) -> Comparison:
+    """Paired bootstrap of the main-metric difference between two candidates' latest runs."""
+    board = leaderboard(reg, task)
+    for name in (a, b):
+        reg.get_candidate(task, name)  # NotFound for an unknown candidate
+        if name not in board:
+            raise EvalError(f"candidate {name!r} has no eval run on task {task!r} yet")
+    run_a, run_b = board[a], board[b]
+    if (run_a.suite_fingerprint, run_a.split) != (run_b.suite_fingerprint, run_b.split):
+        raise EvalError(
+            f"runs are not comparable: {a} on {run_a.split}@{run_a.suite_fingerprint[:12]}, "
+            f"{b} on {run_b.split}@{run_b.suite_fingerprint[:12]}"
+        )
+    try:
+        interval, shared = paired_difference_ci(run_a.per_query, run_b.per_query)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    return Comparison(run_a, run_b, interval, shared)
