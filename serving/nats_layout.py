@@ -1,0 +1,197 @@
+"""The JetStream objects of the fleet (ARCHITECTURE.md "NATS layout"), created idempotently.
+
+Every process that needs a stream, consumer or bucket calls :func:`ensure_layout` (or
+:func:`ensure_task_consumer`) instead of assuming another one ran first: the gateway, the
+fleet tools and `taskfleet up` all do. An object that already exists is left exactly as it is,
+so two processes starting at once, or a Rust sidecar that created the object first with the
+same settings (``sidecar/src/nats.rs``), never fight over its configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+TASKS_STREAM = "TASKS"
+TASKS_SUBJECT_PREFIX = "tasks."
+DLQ_STREAM = "DLQ"
+DLQ_SUBJECT_PREFIX = "dlq."
+PLACEMENTS_BUCKET = "placements"
+WORKERS_BUCKET = "workers"
+PAYLOADS_BUCKET = "payloads"
+CONSUMER_PREFIX = "task_"
+# Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.
+REPLY_SUBJECT_PREFIX = "_tf.reply."
+
+# Same values as sidecar/src/nats.rs, so whichever side creates an object first, it is the same.
+TASKS_MAX_AGE_S = 24 * 3600.0
+# Retries by the gateway or a client within this window carry the same Nats-Msg-Id and are
+# dropped by the server instead of running twice.
+DUPLICATE_WINDOW_S = 120.0
+DLQ_MAX_AGE_S = 14 * 24 * 3600.0
+PAYLOADS_TTL_S = 24 * 3600.0
+PLACEMENTS_HISTORY = 5
+# A worker beating every few seconds drops out of the fleet this long after its last beat.
+WORKERS_TTL_S = 15.0
+# Above the slowest batch we expect (a large batch of long passages on CPU); a worker that holds
+# a message longer calls in_progress(), so this only fires when the worker is gone.
+ACK_WAIT_S = 60.0
+# Bounded so a poison message ends in the DLQ instead of cycling forever.
+MAX_DELIVER = 5
+
+# Task names become subject tokens and consumer names (same rule as the sidecar).
+_TASK_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class InvalidTaskName(ValueError):
+    """A task name that cannot be a NATS subject token or consumer name."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Handles to the buckets, returned by :func:`ensure_layout`."""
+
+    placements: KeyValue
+    workers: KeyValue
+    payloads: ObjectStore
+
+
+def check_task_name(task: str) -> str:
+    if not _TASK_NAME_RE.fullmatch(task):
+        raise InvalidTaskName(
+            f"task name {task!r} cannot be served: on the fleet a task name may hold only "
+            "letters, digits, '-' and '_'"
+        )
+    return task
+
+
+def task_subject(task: str) -> str:
+    return TASKS_SUBJECT_PREFIX + check_task_name(task)
+
+
+def consumer_name(task: str) -> str:
+    return CONSUMER_PREFIX + check_task_name(task)
+
+
+def dlq_subject(task: str) -> str:
+    return DLQ_SUBJECT_PREFIX + check_task_name(task)
+
+
+def tasks_stream_config() -> StreamConfig:
+    return StreamConfig(
+        name=TASKS_STREAM,
+        subjects=[TASKS_SUBJECT_PREFIX + ">"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        max_age=TASKS_MAX_AGE_S,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+def dlq_stream_config() -> StreamConfig:
+    return StreamConfig(
+        name=DLQ_STREAM,
+        subjects=[DLQ_SUBJECT_PREFIX + ">"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=DLQ_MAX_AGE_S,
+    )
+
+
+def task_consumer_config(task: str) -> ConsumerConfig:
+    name = consumer_name(task)
+    return ConsumerConfig(
+        name=name,
+        durable_name=name,
+        filter_subject=task_subject(task),
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ACK_WAIT_S,
+        max_deliver=MAX_DELIVER,
+    )
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        # Another process created it between our look-up and our create: that one stands.
+        await js.stream_info(config.name)
+
+
+async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(config)
+    except BadRequestError:
+        return await js.key_value(config.bucket)
+
+
+async def _ensure_object_store(js: JetStreamContext, bucket: str) -> ObjectStore:
+    try:
+        return await js.object_store(bucket)
+    except BucketNotFoundError:
+        pass
+    config = ObjectStoreConfig(ttl=PAYLOADS_TTL_S, storage=StorageType.FILE)
+    try:
+        return await js.create_object_store(bucket, config)
+    except BadRequestError:
+        return await js.object_store(bucket)
+
+
+async def ensure_task_consumer(js: JetStreamContext, task: str) -> ConsumerInfo:
+    """The durable pull consumer ``task_<task>`` on ``TASKS``, created when missing."""
+    name = consumer_name(task)
+    try:
+        return await js.consumer_info(TASKS_STREAM, name)
+    except NotFoundError:
+        pass
+    try:
+        return await js.add_consumer(TASKS_STREAM, task_consumer_config(task))
+    except BadRequestError:
+        return await js.consumer_info(TASKS_STREAM, name)
+
+
+async def ensure_layout(js: JetStreamContext, tasks: list[str] | tuple[str, ...] = ()) -> Layout:
+    """Create what is missing of the layout (streams, buckets, one consumer per task)."""
+    await _ensure_stream(js, tasks_stream_config())
+    await _ensure_stream(js, dlq_stream_config())
+    placements = await _ensure_kv(
+        js,
+        KeyValueConfig(
+            bucket=PLACEMENTS_BUCKET, history=PLACEMENTS_HISTORY, storage=StorageType.FILE
+        ),
+    )
+    workers = await _ensure_kv(
+        js,
+        KeyValueConfig(
+            bucket=WORKERS_BUCKET, history=1, ttl=WORKERS_TTL_S, storage=StorageType.FILE
+        ),
+    )
+    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET)
+    for task in tasks:
+        await ensure_task_consumer(js, task)
+    return Layout(placements=placements, workers=workers, payloads=payloads)
