@@ -203,13 +203,21 @@ def test_hello_reports_protocol_and_runtime(server: Path) -> None:
 def test_infer_matches_in_process_encoding(server: Path, models: Models) -> None:
     async def scenario(c: Conn) -> tuple[Any, Any]:
         loaded = await c.call(load("plain", models.base, query_prefix="frage: "))
-        reply = await c.call(infer(3, ("plain", "passage", TEXTS), ("plain", "query", TEXTS[:2])))
+        reply = await c.call(
+            infer(
+                3,
+                ("plain", "passage", TEXTS),
+                ("plain", "query", TEXTS[:2]),
+                ("plain", "query", []),
+            )
+        )
         return loaded, reply
 
     loaded, reply = run(server, scenario)
     assert isinstance(loaded, p.LoadReply) and loaded.memory_bytes == base_bytes(models.base)
     assert isinstance(reply, p.InferReply) and reply.batch_id == "b-3"
-    passages, queries = (r.matrix() for r in reply.results)
+    passages, queries, empty = (r.matrix() for r in reply.results)
+    assert empty.shape == (0, passages.shape[1])
     np.testing.assert_allclose(passages, expected(models.base, TEXTS), atol=1e-5)
     prefixed = [f"frage: {t}" for t in TEXTS[:2]]
     np.testing.assert_allclose(queries, expected(models.base, prefixed), atol=1e-5)
@@ -261,9 +269,16 @@ def test_load_failures_are_reported_and_leave_nothing_behind(server: Path, model
         missing = await c.call(load("ghost", models.base.parent / "no-such-model"))
         not_adapter = await c.call(load("bad-adapter", models.base, models.base))
         after = await c.call(p.StatsRequest(id=61))
-        return [before, missing, not_adapter, after]
+        first = await c.call(load("twice", models.base, query_prefix="q: "))
+        same = await c.call(load("twice", models.base, query_prefix="q: "))
+        other = await c.call(load("twice", models.base, query_prefix="other: "))
+        await c.call(p.UnloadRequest(id=62, model_key="twice"))
+        return [before, missing, not_adapter, after, first, same, other]
 
-    before, missing, not_adapter, after = run(server, scenario)
+    before, missing, not_adapter, after, first, same, other = run(server, scenario)
+    assert isinstance(first, p.LoadReply) and same.memory_bytes == 0, "reloading is idempotent"
+    assert isinstance(other, p.ErrorReply) and other.error.code == "BAD_REQUEST"
+    assert "different spec" in other.error.message
     assert isinstance(missing, p.ErrorReply) and missing.error.code == "LOAD_FAILED"
     assert "no-such-model" in missing.error.message and not missing.error.retryable
     assert isinstance(not_adapter, p.ErrorReply) and not_adapter.error.code == "LOAD_FAILED"

@@ -129,6 +129,8 @@ class Encoder:
         return int(self.model.max_seq_length)
 
     def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        if not texts:  # the tokenizer raises IndexError on an empty list
+            return []
         tok = self.model.tokenizer
         enc = tok(list(texts), truncation=True, max_length=self.max_seq_length, padding=False)
         return [len(ids) for ids in enc["input_ids"]]
