@@ -1,0 +1,176 @@
+"""CLI verbs for the eval harness: `taskfleet eval run|leaderboard|compare|report`.
+
+Errors (EvalError, RegistryError) propagate to `taskfleet.cli.main`, which prints one line and
+exits non-zero; Ctrl-C exits 130 and records nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from evals.runner import EvalPaths
+from registry.entities import EvalRun
+from taskfleet.context import get_settings, open_registry
+
+out = Console()
+
+eval_app = typer.Typer(
+    help="Evaluate candidates on their task's suite; leaderboards and reports.",
+    no_args_is_help=True,
+)
+
+_LABELS = {"passage": "corpus", "query": "queries"}
+
+
+def _paths(data_dir: Path | None, suite_path: Path | None, mlflow: bool) -> EvalPaths:
+    settings = get_settings()
+    return EvalPaths(
+        cache_dir=settings.cache_dir,
+        mlflow_uri=settings.resolved_mlflow_uri if mlflow else None,
+        data_root=data_dir,
+        suite_location=suite_path,
+    )
+
+
+def _ci(run: EvalRun, metric: str) -> str:
+    value = run.metrics[metric]
+    low, high = run.ci.get(metric, (value, value))
+    return f"{value:.4f} [{low:.4f}, {high:.4f}]"
+
+
+@eval_app.command("run")
+def eval_run(
+    task: str = typer.Argument(..., help="Task name."),
+    candidate: str = typer.Option(..., "--candidate", "-c", help="Candidate name."),
+    sample: int | None = typer.Option(
+        None, "--sample", min=1, help="Only the first N judged queries (full corpus)."
+    ),
+    split: str | None = typer.Option(None, "--split", help="Split (default: the test split)."),
+    data_dir: Path | None = typer.Option(
+        None,
+        "--data-dir",
+        envvar="TASKFLEET_DATA_DIR",
+        help="Data root holding suite folders (default: ../shared/data next to the repo).",
+    ),
+    suite_path: Path | None = typer.Option(
+        None, "--suite-path", help="The suite's own BEIR folder (overrides --data-dir)."
+    ),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the run to MLflow."),
+) -> None:
+    """Evaluate one candidate and record the run (registry + MLflow)."""
+    from evals.runner import run_eval
+
+    reg = open_registry()
+    columns = (
+        TextColumn("{task.description:<8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bars:
+        ids: dict[str, TaskID] = {}
+
+        def progress(phase: str, advance: int, total: int) -> None:
+            if phase not in ids:
+                ids[phase] = bars.add_task(_LABELS.get(phase, phase), total=total)
+            bars.update(ids[phase], advance=advance)
+
+        run = run_eval(
+            reg,
+            task,
+            candidate,
+            _paths(data_dir, suite_path, mlflow),
+            split=split,
+            sample=sample,
+            progress=progress,
+        )
+    out.print(f"eval run {run.id}: {task} / {run.candidate} on {run.split}")
+    for metric in run.metrics:
+        marker = " (main)" if metric == run.main_metric else ""
+        out.print(f"  {metric}{marker}: {_ci(run, metric)}")
+    cost = run.cost
+    out.print(
+        f"  cost: {cost.get('items_per_s', 0):.1f} items/s, {cost.get('tokens_per_s', 0):.0f} "
+        f"tokens/s, batch p50 {cost.get('latency_p50_ms', 0):.1f} ms, "
+        f"p95 {cost.get('latency_p95_ms', 0):.1f} ms; wall {run.wall_seconds:.1f} s"
+    )
+    for warning in run.warnings:
+        out.print(f"  [yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+@eval_app.command("leaderboard")
+def eval_leaderboard(task: str = typer.Argument(..., help="Task name.")) -> None:
+    """Candidates of a task ranked by their latest run's main metric."""
+    from evals.runner import leaderboard
+
+    board = leaderboard(open_registry(), task)
+    if not board:
+        out.print(f"task {task} has no eval runs yet")
+        return
+    ordered = sorted(board.values(), key=lambda r: -r.main_score)
+    main = ordered[0].main_metric
+    table = Table("rank", "candidate", f"{main} [95% CI]", "items/s", "queries", "split", "run")
+    for rank, run in enumerate(ordered, start=1):
+        table.add_row(
+            str(rank),
+            run.candidate,
+            _ci(run, run.main_metric),
+            f"{run.cost.get('items_per_s', 0):.1f}",
+            f"sample {run.sample_size}" if run.sample_size else "all",
+            run.split,
+            str(run.id),
+        )
+    out.print(table)
+
+
+@eval_app.command("compare")
+def eval_compare(
+    task: str = typer.Argument(..., help="Task name."),
+    a: str = typer.Argument(..., help="Candidate A."),
+    b: str = typer.Argument(..., help="Candidate B."),
+) -> None:
+    """Paired bootstrap CI of A - B on the main metric over the queries both were scored on."""
+    from evals.runner import compare
+
+    result = compare(open_registry(), task, a, b)
+    d = result.difference
+    metric = result.a.main_metric
+    verdict = (
+        f"{a} is better" if d.low > 0 else f"{b} is better" if d.high < 0 else "no clear difference"
+    )
+    out.print(f"{metric}: {a} {result.a.main_score:.4f}  vs  {b} {result.b.main_score:.4f}")
+    out.print(
+        f"difference {a} - {b}: {d.estimate:+.4f}  95% CI [{d.low:+.4f}, {d.high:+.4f}] "
+        f"over {result.shared_queries} shared queries ({verdict})"
+    )
+
+
+@eval_app.command("report")
+def eval_report(
+    task: str = typer.Argument(..., help="Task name."),
+    out_dir: Path = typer.Option(
+        Path("reports"), "--out-dir", help="Reports folder; writes <out-dir>/<task>/."
+    ),
+) -> None:
+    """Write reports/<task>/leaderboard.md and leaderboard.png from the latest runs."""
+    from evals.errors import EvalError
+    from evals.report import write_leaderboard
+    from evals.runner import leaderboard
+
+    board = leaderboard(open_registry(), task)
+    if not board:
+        raise EvalError(f"task {task!r} has no eval runs to report")
+    md, png = write_leaderboard(task, board, out_dir / task)
+    out.print(f"wrote {md} and {png}")
