@@ -23,8 +23,13 @@ class FleetMixin(ServiceBase):
 
         def list_placements(self) -> list[e.Placement]: ...
 
-    def record_worker_report(self, report: e.WorkerReport) -> e.Worker:
+    def record_worker_report(
+        self, report: e.WorkerReport, *, seen_at: datetime | None = None
+    ) -> e.Worker:
         """Insert or refresh a worker's row from its newest heartbeat.
+
+        ``seen_at`` is when the heartbeat reached NATS (the server's clock, one clock for the
+        whole fleet); default now.
 
         Heartbeats arrive every few seconds per worker, so they are deliberately not written
         to the audit log (it records acts of people and promotions, not liveness).
@@ -38,11 +43,8 @@ class FleetMixin(ServiceBase):
             if row is None:
                 row = WorkerRow(worker_id=report.worker_id)
                 s.add(row)
-            elif row.reported_at > report.reported_at:
-                # An older heartbeat replayed after a newer one (watch restart): keep the newer.
-                row.seen_at = utcnow()
-                row.reachable = True
-                s.flush()
+            elif row.reported_at >= report.reported_at:
+                # The same or an older heartbeat replayed (watch restart): keep what we have.
                 return worker_entity(row)
             row.host = report.host[:255]
             row.loaded = list(report.loaded)
@@ -52,21 +54,24 @@ class FleetMixin(ServiceBase):
             row.runtimes = list(report.runtimes)
             row.epochs = dict(report.epochs)
             row.reported_at = report.reported_at
-            row.seen_at = utcnow()
+            row.seen_at = seen_at or utcnow()
             row.reachable = True
             s.flush()
             return worker_entity(row)
 
-    def mark_workers_unreachable(self, seen_before: datetime) -> list[str]:
-        """Flag workers whose last heartbeat was recorded before ``seen_before``; their ids."""
+    def mark_workers_unreachable(
+        self, *, seen_before: datetime | None = None, worker_ids: list[str] | None = None
+    ) -> list[str]:
+        """Flag workers silent since ``seen_before``, or the named ones; returns the ids flagged."""
+        if seen_before is None and worker_ids is None:
+            raise InvalidInput("give seen_before or worker_ids")
         with self._write() as s:
-            ids = list(
-                s.scalars(
-                    select(WorkerRow.worker_id).where(
-                        WorkerRow.reachable.is_(True), WorkerRow.seen_at < seen_before
-                    )
-                )
-            )
+            query = select(WorkerRow.worker_id).where(WorkerRow.reachable.is_(True))
+            if seen_before is not None:
+                query = query.where(WorkerRow.seen_at < seen_before)
+            if worker_ids is not None:
+                query = query.where(WorkerRow.worker_id.in_(worker_ids))
+            ids = list(s.scalars(query))
             if ids:
                 s.execute(
                     update(WorkerRow).where(WorkerRow.worker_id.in_(ids)).values(reachable=False)

@@ -1,0 +1,200 @@
+"""Registry placements -> NATS KV ``placements``: the value workers read, and the outbox publisher.
+
+Promotion writes a new placement epoch in the registry (one transaction). The publisher here
+then pushes every unpublished epoch into KV ``placements`` and marks it published. It never
+writes an epoch over a newer one (two publishers, or an operator's put, may race), and it keeps
+retrying with backoff while NATS or the database is down, so nothing promoted is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from registry import Registry, RegistryError
+from registry import entities as e
+from serving import protocol as p
+from serving.connection import connect_forever
+from serving.nats_layout import check_task_name, ensure_layout
+
+log = logging.getLogger("taskfleet.publisher")
+
+
+class PlacementError(RuntimeError):
+    """A placement cannot be turned into a KV value (no model, weights gone, bad task name)."""
+
+
+def model_key(base: e.BaseModel, adapter: e.Adapter | None) -> str:
+    """A stable key for the loaded weights: names for people, sha256 prefixes for identity.
+
+    Two placements share a loaded model exactly when they name the same weights, whatever
+    the task; a re-registered model with other weights gets another key.
+    """
+    key = f"{base.name}-{base.sha256[:12]}"
+    if adapter is not None:
+        key += f"+{adapter.name}-{adapter.sha256[:12]}"
+    return key
+
+
+def memory_estimate(base: e.BaseModel, adapter: e.Adapter | None) -> int:
+    """Bytes the model is expected to take once loaded.
+
+    float32 weights take in memory what they take on disk, so the file sizes are a fair
+    first estimate; the runtime reports the true figure after loading.
+    """
+    return base.size_bytes + (adapter.size_bytes if adapter else 0)
+
+
+def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementValue:
+    """The KV value of docs/protocol.md for a registry placement."""
+    try:
+        check_task_name(placement.task)
+    except ValueError as exc:
+        raise PlacementError(str(exc)) from None
+    candidate = registry.get_candidate(placement.task, placement.candidate)
+    if candidate.base_model is None:
+        raise PlacementError(
+            f"candidate {candidate.name!r} of task {placement.task!r} has no model to serve"
+        )
+    base = registry.get_model(candidate.base_model)
+    adapter = registry.get_adapter(candidate.adapter) if candidate.adapter else None
+    try:
+        base_path = registry.model_path(base.name)
+        adapter_path = registry.adapter_path(adapter.name) if adapter else None
+    except RegistryError as exc:
+        raise PlacementError(str(exc)) from None
+    return p.PlacementValue(
+        task=placement.task,
+        epoch=placement.epoch,
+        candidate=placement.candidate,
+        model_key=model_key(base, adapter),
+        base_path=str(base_path.resolve()),
+        adapter_path=str(adapter_path.resolve()) if adapter_path else None,
+        query_prefix=base.query_prefix,
+        passage_prefix=base.passage_prefix,
+        max_seq_length=base.max_seq_length,
+        pinned=placement.pinned,
+        replicas=placement.replicas,
+        memory_bytes=memory_estimate(base, adapter),
+    )
+
+
+def decode_placement(data: bytes) -> p.PlacementValue:
+    return p.from_wire(p.PlacementValue, p.unpack(data))
+
+
+async def put_placement(kv: KeyValue, value: p.PlacementValue) -> bool:
+    """Put ``value`` under its task unless the KV holds that epoch or a newer one.
+
+    Returns True when the KV now holds ``value.epoch`` or newer. Compare-and-set on the key's
+    revision, so a concurrent writer of a newer epoch always wins.
+    """
+    data = p.pack(value)
+    while True:
+        try:
+            entry = await kv.get(value.task)
+        except KeyNotFoundError:
+            entry = None
+        if entry is not None and entry.value:
+            try:
+                held = decode_placement(entry.value).epoch
+            except p.ProtocolError:
+                held = -1  # garbage under the key: ours replaces it
+            if held >= value.epoch:
+                return True
+        try:
+            if entry is None:
+                await kv.create(value.task, data)
+            else:
+                await kv.update(value.task, data, last=entry.revision)
+            return True
+        except KeyWrongLastSequenceError:
+            continue  # someone wrote in between: look again
+
+
+@dataclass
+class PublishResult:
+    published: list[tuple[str, int]]
+    failed: list[tuple[str, int, str]]
+
+
+async def publish_pending(registry: Registry, kv: KeyValue) -> PublishResult:
+    """One pass over the outbox. NATS errors propagate (the caller backs off and retries);
+    a placement that can never be published is reported and retried on the next pass."""
+    result = PublishResult([], [])
+    pending = await asyncio.to_thread(registry.unpublished_placements)
+    for placement in pending:
+        try:
+            value = await asyncio.to_thread(placement_value, registry, placement)
+        except (PlacementError, RegistryError) as exc:
+            result.failed.append((placement.task, placement.epoch, str(exc)))
+            continue
+        await put_placement(kv, value)
+        await asyncio.to_thread(registry.mark_published, placement.task, placement.epoch)
+        result.published.append((placement.task, placement.epoch))
+    return result
+
+
+class PlacementPublisher:
+    """The outbox loop: polls the registry, publishes, backs off while anything is down."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        nats_url: str,
+        *,
+        poll_interval_s: float = 0.5,
+        max_backoff_s: float = 15.0,
+    ) -> None:
+        self.registry = registry
+        self.nats_url = nats_url
+        self.poll_interval_s = poll_interval_s
+        self.max_backoff_s = max_backoff_s
+        self._stop = asyncio.Event()
+        self._reported_failures: set[tuple[str, int]] = set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Until :meth:`stop`: connect (retrying), then publish every poll interval."""
+        nc = await connect_forever(self.nats_url, self._stop, name="taskfleet-publisher")
+        if nc is None:
+            return
+        backoff = self.poll_interval_s
+        try:
+            while not self._stop.is_set():
+                try:
+                    kv = (await ensure_layout(nc.jetstream())).placements
+                    while not self._stop.is_set():
+                        self._log(await publish_pending(self.registry, kv))
+                        backoff = self.poll_interval_s
+                        await self._sleep(self.poll_interval_s)
+                except (NatsError, OSError, TimeoutError, RegistryError) as exc:
+                    log.warning("publisher: %s; retrying in %.1fs", _describe(exc), backoff)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, self.max_backoff_s)
+        finally:
+            await nc.close()
+
+    def _log(self, result: PublishResult) -> None:
+        for task, epoch in result.published:
+            log.info("published placement %s@%d", task, epoch)
+        for task, epoch, why in result.failed:
+            if (task, epoch) not in self._reported_failures:
+                self._reported_failures.add((task, epoch))
+                log.error("cannot publish placement %s@%d: %s", task, epoch, why)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
