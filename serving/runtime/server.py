@@ -91,8 +91,8 @@ class RuntimeServer:
                 task = asyncio.create_task(self._answer(frame, send))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            pass  # the peer went away; its in-flight replies have nowhere to go
         finally:
             writer.close()
             with contextlib.suppress(Exception):
