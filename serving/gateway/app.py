@@ -1,0 +1,270 @@
+"""The public HTTP edge: ``create_gateway(registry, nats_url)`` returns the ASGI app.
+
+Every embedding request goes the same way, and stops at the first check that fails:
+authenticate (401) -> read the body within the size limit (413) -> parse the envelope (400/415)
+-> the key's roles and tasks (403) -> the task exists (404) and is placed (503) -> a live worker
+runs it (503) -> queue it and wait for the reply (504 at the deadline). Nothing is published
+before every check passed, so a rejected request never reaches the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from registry.api import error_body
+from registry.errors import NotFound, PermissionDenied, RegistryError
+from registry.service import Registry
+from serving import nats_layout
+from serving.gateway import bodies
+from serving.gateway.dispatch import Dispatcher, DispatchSettings
+from serving.gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    PayloadTooLarge,
+    Unauthenticated,
+    Unavailable,
+    UnknownTask,
+)
+from serving.gateway.metrics import UNKNOWN_TASK_LABEL, GatewayMetrics
+from serving.protocol import ReplyOk
+
+# Roles whose keys may call tasks: `caller` keys exist for applications; `admin` can do anything.
+CALL_ROLES = frozenset({"caller", "admin"})
+HEADER_TIMEOUT = "X-Taskfleet-Timeout-Ms"
+HEADER_PRIORITY = "X-Taskfleet-Priority"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    require_auth: bool = True
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_inputs: int = 2048
+    default_timeout_s: float = 30.0
+    max_timeout_s: float = 300.0
+    inline_limit_bytes: int = 1_000_000
+    workers_refresh_s: float = 1.0
+    retry_after_s: int = 2
+
+
+@dataclass
+class _Outcome:
+    """What the metrics of one request need to know, filled in as the request goes."""
+
+    task: str = UNKNOWN_TASK_LABEL
+
+
+def create_gateway(
+    registry: Registry, nats_url: str, settings: GatewaySettings | None = None
+) -> FastAPI:
+    settings = settings or GatewaySettings()
+    metrics = GatewayMetrics()
+    dispatcher = Dispatcher(
+        nats_url,
+        DispatchSettings(
+            gateway_id=settings.gateway_id,
+            inline_limit_bytes=settings.inline_limit_bytes,
+            workers_refresh_s=settings.workers_refresh_s,
+            retry_after_s=settings.retry_after_s,
+        ),
+        metrics,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        dispatcher.start()
+        try:
+            yield
+        finally:
+            await dispatcher.close()
+
+    app = FastAPI(
+        title="taskfleet gateway",
+        version="1",
+        description="Embeddings by task name: POST /v1/tasks/{task} and OpenAI's /v1/embeddings.",
+        lifespan=lifespan,
+    )
+    app.state.dispatcher = dispatcher
+    app.state.metrics = metrics
+    app.state.settings = settings
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "NOT_FOUND" if exc.status_code == 404 else "HTTP_ERROR"
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    async def authenticate(request: Request) -> list[str] | None:
+        """The task list of the caller's key (empty = every task); None when auth is off."""
+        if not settings.require_auth:
+            return None
+        header = request.headers.get("authorization", "")
+        if not header.startswith("Bearer "):
+            raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+        try:
+            key = await run_in_threadpool(registry.authenticate, header[7:].strip())
+        except PermissionDenied as exc:
+            raise Unauthenticated(str(exc)) from exc
+        if not CALL_ROLES & set(key.roles):
+            raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
+        return key.tasks
+
+    async def check_servable(task: str, key_tasks: list[str] | None, outcome: _Outcome) -> None:
+        if key_tasks and task not in key_tasks:
+            raise Forbidden(f"this API key may not call task {task!r}")
+        try:
+            placement = await run_in_threadpool(registry.current_placement, task)
+        except NotFound as exc:
+            raise UnknownTask(f"unknown task {task!r}") from exc
+        except RegistryError as exc:
+            raise GatewayError(
+                str(exc), code=exc.code, status=exc.http_status, retryable=exc.retryable
+            ) from exc
+        outcome.task = task
+        try:
+            nats_layout.check_task_name(task)
+        except nats_layout.InvalidTaskName as exc:
+            raise BadRequest(str(exc), code="TASK_NOT_SERVABLE") from exc
+        if placement is None:
+            raise Unavailable(
+                f"task {task!r} is not placed on the fleet yet (no promotion or placement)",
+                code="NOT_PLACED",
+                retry_after_s=settings.retry_after_s,
+            )
+        if not await dispatcher.live_workers(task):
+            raise Unavailable(
+                f"no live worker serves task {task!r} yet",
+                code="NO_WORKER",
+                retry_after_s=settings.retry_after_s,
+            )
+
+    async def embed(request: Request, task: str, parsed: bodies.EmbedRequest) -> ReplyOk:
+        return await dispatcher.submit(
+            task, parsed, timeout_s=request_timeout(request), priority=request_priority(request)
+        )
+
+    def request_timeout(request: Request) -> float:
+        raw = request.headers.get(HEADER_TIMEOUT)
+        if raw is None:
+            return settings.default_timeout_s
+        try:
+            millis = int(raw)
+        except ValueError:
+            millis = 0
+        if millis <= 0:
+            raise BadRequest(f"{HEADER_TIMEOUT} must be a positive integer; got {raw!r}")
+        return min(millis / 1000, settings.max_timeout_s)
+
+    async def measured(outcome: _Outcome, handler: Callable[[], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await handler()
+        except GatewayError as exc:
+            response = error_response(exc)
+        metrics.observe(outcome.task, response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/tasks/{task}")
+    async def call_task(task: str, request: Request) -> Response:
+        outcome = _Outcome()
+
+        async def handle() -> Response:
+            key_tasks = await authenticate(request)
+            body = await read_body(request, settings.max_body_bytes)
+            fmt = bodies.body_format(request.headers.get("content-type"))
+            parsed = bodies.parse_task_request(body, fmt, settings.max_inputs)
+            await check_servable(task, key_tasks, outcome)
+            reply = await embed(request, task, parsed)
+            out = bodies.response_format(fmt, request.headers.get("accept"))
+            return Response(
+                bodies.task_response(reply, out), media_type=out.value, headers=served_by(reply)
+            )
+
+        return await measured(outcome, handle)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request) -> Response:
+        outcome = _Outcome()
+
+        async def handle() -> Response:
+            key_tasks = await authenticate(request)
+            body = await read_body(request, settings.max_body_bytes)
+            parsed = bodies.parse_openai_request(body, settings.max_inputs)
+            await check_servable(parsed.task, key_tasks, outcome)
+            reply = await embed(request, parsed.task, parsed.request)
+            return JSONResponse(bodies.openai_response(reply, parsed), headers=served_by(reply))
+
+        return await measured(outcome, handle)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "gateway_id": settings.gateway_id}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if not dispatcher.connected:
+            return error_response(
+                Unavailable(
+                    "not connected to NATS",
+                    code="NOT_READY",
+                    retry_after_s=settings.retry_after_s,
+                )
+            )
+        return JSONResponse({"status": "ready", "nats": True})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app
+
+
+def request_priority(request: Request) -> int:
+    raw = request.headers.get(HEADER_PRIORITY, "0")
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"{HEADER_PRIORITY} must be an integer; got {raw!r}") from None
+
+
+def served_by(reply: ReplyOk) -> dict[str, str]:
+    return {
+        "X-Taskfleet-Epoch": str(reply.epoch),
+        "X-Taskfleet-Model": reply.model_key,
+        "X-Request-Id": reply.request_id,
+    }
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+    return JSONResponse(
+        error_body(exc.code, exc.message, exc.retryable), status_code=exc.status, headers=headers
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it is known to exceed ``limit`` (before reading it all)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body has {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

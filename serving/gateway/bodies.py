@@ -1,0 +1,182 @@
+"""Public request bodies in, public response bodies out (docs/protocol.md "Public API").
+
+The gateway reads only the envelope of a request: the list of input strings and their kind.
+It checks their *shape* (types, emptiness, count) so that nothing malformed reaches the queue,
+but never looks inside a text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import typing
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from serving.gateway.errors import BadRequest, UnsupportedMediaType
+from serving.protocol import ReplyOk, TextKind
+
+TEXT_KINDS: tuple[TextKind, ...] = typing.get_args(TextKind)
+DEFAULT_KIND: TextKind = "query"
+
+
+class Format(Enum):
+    MSGPACK = "application/msgpack"
+    JSON = "application/json"
+
+
+_MSGPACK_TYPES = {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    inputs: list[str]
+    kind: TextKind
+
+
+def body_format(content_type: str | None) -> Format:
+    """msgpack is the default when no Content-Type is sent."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if not media or media in _MSGPACK_TYPES:
+        return Format.MSGPACK
+    if media == "application/json" or media.endswith("+json"):
+        return Format.JSON
+    raise UnsupportedMediaType(
+        f"Content-Type {media!r} is not supported; send application/msgpack or application/json"
+    )
+
+
+def response_format(request_format: Format, accept: str | None) -> Format:
+    """Answer in the request's format unless ``Accept`` names the other one."""
+    accepted = {a.split(";", 1)[0].strip().lower() for a in (accept or "").split(",")}
+    if Format.JSON.value in accepted and not accepted & _MSGPACK_TYPES:
+        return Format.JSON
+    if accepted & _MSGPACK_TYPES and Format.JSON.value not in accepted:
+        return Format.MSGPACK
+    return request_format
+
+
+def decode_body(body: bytes, fmt: Format) -> Any:
+    if not body:
+        raise BadRequest("the request body is empty")
+    if fmt is Format.JSON:
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise BadRequest(f"the body is not valid msgpack: {exc}") from exc
+
+
+def check_inputs(value: Any, field: str, max_inputs: int) -> list[str]:
+    """A string or a non-empty list of non-empty strings."""
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list):
+        raise BadRequest(f"'{field}' must be a string or a list of strings")
+    if not texts:
+        raise BadRequest(f"'{field}' is empty; send at least one text")
+    if len(texts) > max_inputs:
+        raise BadRequest(f"'{field}' holds {len(texts)} texts; at most {max_inputs} per request")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequest(f"'{field}[{i}]' must be a string, got {_type_name(text)}")
+        if not text:
+            raise BadRequest(f"'{field}[{i}]' is an empty string")
+    return typing.cast(list[str], texts)
+
+
+def check_kind(value: Any) -> TextKind:
+    if value is None:
+        return DEFAULT_KIND
+    if value not in TEXT_KINDS:
+        raise BadRequest(f"'kind' must be one of {', '.join(TEXT_KINDS)}; got {value!r}")
+    return typing.cast(TextKind, value)
+
+
+def parse_task_request(body: bytes, fmt: Format, max_inputs: int) -> EmbedRequest:
+    """``{"inputs": [str] | str, "kind": "query" | "passage"}`` (kind optional)."""
+    obj = decode_body(body, fmt)
+    if not isinstance(obj, dict):
+        raise BadRequest(f"the body must be a map, got {_type_name(obj)}")
+    unknown = sorted(str(k) for k in set(obj) - {"inputs", "kind"})
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; expected 'inputs' and 'kind'")
+    if "inputs" not in obj:
+        raise BadRequest("missing field 'inputs'")
+    return EmbedRequest(
+        check_inputs(obj["inputs"], "inputs", max_inputs), check_kind(obj.get("kind"))
+    )
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    task: str
+    request: EmbedRequest
+    encoding_format: str
+
+
+def parse_openai_request(body: bytes, max_inputs: int) -> OpenAIRequest:
+    """OpenAI's embeddings request; ``model`` names the task, ``kind`` is our one extension."""
+    obj = decode_body(body, Format.JSON)
+    if not isinstance(obj, dict):
+        raise BadRequest(f"the body must be a JSON object, got {_type_name(obj)}")
+    model = obj.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must name the task, e.g. \"german-legal-retrieval\"")
+    raw = obj.get("input")
+    if isinstance(raw, list) and raw and not isinstance(raw[0], str):
+        raise BadRequest(
+            "'input' must be a string or a list of strings (token arrays are not supported)"
+        )
+    encoding = obj.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise BadRequest(f"'encoding_format' must be 'float' or 'base64'; got {encoding!r}")
+    if obj.get("dimensions") is not None:
+        raise BadRequest("'dimensions' is not supported: a task's model has fixed dimensions")
+    request = EmbedRequest(check_inputs(raw, "input", max_inputs), check_kind(obj.get("kind")))
+    return OpenAIRequest(task=model, request=request, encoding_format=encoding)
+
+
+def task_response(reply: ReplyOk, fmt: Format) -> bytes:
+    """msgpack carries the embeddings as the reply's raw float32 bytes; JSON as float lists."""
+    head = {"dims": reply.dims, "count": reply.count, "model_key": reply.model_key}
+    if fmt is Format.MSGPACK:
+        body = {"embeddings": reply.embeddings, **head, "epoch": reply.epoch}
+        return typing.cast(bytes, msgpack.packb(body, use_bin_type=True))
+    matrix = reply.matrix()
+    return json.dumps({"embeddings": matrix.tolist(), **head, "epoch": reply.epoch}).encode()
+
+
+def estimate_tokens(texts: list[str]) -> int:
+    """The sidecar's batching estimate (a quarter of the characters); the gateway never
+    tokenises, so OpenAI's ``usage`` reports this estimate."""
+    return sum(max(1, len(t) // 4) for t in texts)
+
+
+def openai_response(reply: ReplyOk, parsed: OpenAIRequest) -> dict[str, Any]:
+    matrix = reply.matrix()
+    data: list[dict[str, Any]] = []
+    for i, row in enumerate(matrix):
+        embedding: Any
+        if parsed.encoding_format == "base64":
+            embedding = base64.b64encode(np.ascontiguousarray(row, dtype="<f4").tobytes()).decode()
+        else:
+            embedding = row.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    tokens = estimate_tokens(parsed.request.inputs)
+    return {
+        "object": "list",
+        "data": data,
+        "model": parsed.task,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

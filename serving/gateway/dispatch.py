@@ -1,0 +1,324 @@
+"""The gateway's NATS side: publish a request to ``tasks.<task>``, wait for its reply.
+
+One wildcard subscription (``_tf.reply.<gateway id>.>``) receives every reply of this gateway;
+replies resolve futures keyed by request id. A reply whose request is no longer waiting (already
+answered, or abandoned at its deadline) is dropped and counted: JetStream may deliver a message
+twice (ack lost, worker died after replying), and the second answer must not reach anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgpack
+import nats
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError, NotFoundError
+
+from serving import nats_layout
+from serving.gateway.bodies import EmbedRequest
+from serving.gateway.errors import (
+    DeadlineExceeded,
+    Unavailable,
+    from_worker_error,
+)
+from serving.gateway.metrics import GatewayMetrics
+from serving.protocol import (
+    PayloadRef,
+    ProtocolError,
+    QueuePayload,
+    ReplyError,
+    ReplyOk,
+    WorkerHeartbeat,
+    from_wire,
+    pack,
+    unpack,
+)
+
+log = logging.getLogger(__name__)
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+HEADER_REQUEST_ID = "Tf-Request-Id"
+HEADER_REPLY = "Tf-Reply"
+HEADER_DEADLINE = "Tf-Deadline"
+HEADER_PRIORITY = "Tf-Priority"
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    gateway_id: str
+    # Packed inputs above this go to the object store; NATS's default max_payload is 1 MiB and
+    # the headers and payload envelope need room too.
+    inline_limit_bytes: int = 1_000_000
+    # How stale the gateway's picture of live workers may be.
+    workers_refresh_s: float = 1.0
+    retry_after_s: int = 2
+    publish_attempt_timeout_s: float = 2.0
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Dispatcher:
+    def __init__(self, nats_url: str, settings: DispatchSettings, metrics: GatewayMetrics) -> None:
+        self.nats_url = nats_url
+        self.settings = settings
+        self.metrics = metrics
+        self.reply_prefix = f"{nats_layout.REPLY_SUBJECT_PREFIX}{settings.gateway_id}."
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._layout: nats_layout.Layout | None = None
+        self._ready = asyncio.Event()
+        self._connecting: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[ReplyOk | ReplyError]] = {}
+        self._consumers: set[str] = set()
+        self._heartbeats: list[WorkerHeartbeat] = []
+        self._heartbeats_at = -1e9
+        self._heartbeats_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect in the background: the gateway serves /healthz (and answers 503) while
+        NATS is not reachable yet, and never gives up reconnecting."""
+        self._connecting = asyncio.create_task(self._connect(), name="gateway-nats-connect")
+
+    async def _connect(self) -> None:
+        nc = await nats.connect(
+            self.nats_url,
+            name=f"taskfleet-gateway-{self.settings.gateway_id}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=2,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
+        self._nc = nc
+        self._js = nc.jetstream()
+        while True:
+            try:
+                self._layout = await nats_layout.ensure_layout(self._js)
+                break
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("NATS layout not ready yet (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+        await nc.subscribe(self.reply_prefix + ">", cb=self._on_reply)
+        self._ready.set()
+        log.info("gateway %s connected to %s", self.settings.gateway_id, self.nats_url)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("NATS: %s", exc)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("disconnected from NATS; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("reconnected to NATS")
+
+    @property
+    def connected(self) -> bool:
+        return self._ready.is_set() and self._nc is not None and self._nc.is_connected
+
+    async def close(self) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._connecting
+        for future in self._pending.values():
+            if not future.done():
+                future.cancel()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    def _require_connection(self) -> tuple[JetStreamContext, nats_layout.Layout]:
+        if not self.connected or self._js is None or self._layout is None:
+            raise Unavailable(
+                "the gateway is not connected to NATS right now",
+                code="QUEUE_UNAVAILABLE",
+                retry_after_s=self.settings.retry_after_s,
+            )
+        return self._js, self._layout
+
+    # ------------------------------------------------------------------ workers
+
+    async def live_workers(self, task: str) -> list[WorkerHeartbeat]:
+        """Live workers that run a loop for ``task``.
+
+        A worker counts when its heartbeat (KV ``workers``, whose TTL drops silent workers)
+        lists the task in ``queue_depth`` or ``epochs``: the sidecar runs one task loop per
+        placed task and reports every loop there, before its model is loaded. Lazy placements
+        load on first demand, so requiring the model to be loaded would refuse the very request
+        that makes a worker load it; counting any live worker at all would accept requests that
+        nobody pulls.
+        """
+        beats = await self._current_heartbeats()
+        return [b for b in beats if task in b.queue_depth or task in b.epochs]
+
+    async def _current_heartbeats(self) -> list[WorkerHeartbeat]:
+        if time.monotonic() - self._heartbeats_at < self.settings.workers_refresh_s:
+            return self._heartbeats
+        async with self._heartbeats_lock:
+            if time.monotonic() - self._heartbeats_at >= self.settings.workers_refresh_s:
+                self._heartbeats = await self._read_heartbeats()
+                self._heartbeats_at = time.monotonic()
+        return self._heartbeats
+
+    async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
+        _, layout = self._require_connection()
+        watcher = await layout.workers.watchall(ignore_deletes=True)
+        beats: list[WorkerHeartbeat] = []
+        try:
+            while True:
+                entry = await watcher.updates(timeout=2.0)
+                if entry is None:  # the end of the current values
+                    break
+                if entry.value is None:
+                    continue
+                try:
+                    beats.append(from_wire(WorkerHeartbeat, unpack(entry.value)))
+                except ProtocolError as exc:
+                    log.warning("ignoring malformed heartbeat under %r: %s", entry.key, exc)
+        except (TimeoutError, nats.errors.TimeoutError) as exc:
+            raise Unavailable(
+                "could not read worker heartbeats from NATS",
+                code="QUEUE_UNAVAILABLE",
+                retry_after_s=self.settings.retry_after_s,
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        return beats
+
+    # ------------------------------------------------------------------ requests
+
+    async def submit(
+        self, task: str, request: EmbedRequest, *, timeout_s: float, priority: int
+    ) -> ReplyOk:
+        """Queue one request and wait for its reply until the deadline; raises GatewayError."""
+        js, layout = self._require_connection()
+        request_id = uuid.uuid4().hex
+        deadline = time.monotonic() + timeout_s
+        headers = {
+            HEADER_MSG_ID: request_id,
+            HEADER_REQUEST_ID: request_id,
+            HEADER_REPLY: self.reply_prefix + request_id,
+            HEADER_DEADLINE: str(now_ms() + int(timeout_s * 1000)),
+            HEADER_PRIORITY: str(priority),
+        }
+        future: asyncio.Future[ReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
+        # Registered before publishing: a fast worker may answer before publish() returns.
+        self._pending[request_id] = future
+        offloaded = False
+        self.metrics.in_flight.inc()
+        try:
+            inputs: list[str] | PayloadRef = request.inputs
+            packed_inputs = pack(request.inputs)
+            if len(packed_inputs) > self.settings.inline_limit_bytes:
+                await layout.payloads.put(request_id, packed_inputs)
+                offloaded = True
+                self.metrics.offloaded_payloads.inc()
+                inputs = PayloadRef(ref=request_id)
+            payload = pack(QueuePayload(task=task, kind=request.kind, inputs=inputs))
+            await self._ensure_consumer(js, task)
+            await self._publish(js, nats_layout.task_subject(task), payload, headers, deadline)
+            try:
+                reply = await asyncio.wait_for(
+                    future, timeout=max(0.0, deadline - time.monotonic())
+                )
+            except TimeoutError as exc:
+                raise DeadlineExceeded(f"no worker answered within {timeout_s:g}s") from exc
+        finally:
+            self.metrics.in_flight.dec()
+            self._pending.pop(request_id, None)
+            if offloaded:
+                await self._delete_payload(layout, request_id)
+        if isinstance(reply, ReplyError):
+            raise from_worker_error(reply.error, retry_after_s=self.settings.retry_after_s)
+        return reply
+
+    async def _ensure_consumer(self, js: JetStreamContext, task: str) -> None:
+        # Workers create the consumer too; creating it here means a request queued before any
+        # worker started is already counted in the consumer's pending messages.
+        if task not in self._consumers:
+            await nats_layout.ensure_task_consumer(js, task)
+            self._consumers.add(task)
+
+    async def _publish(
+        self,
+        js: JetStreamContext,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        deadline: float,
+    ) -> None:
+        """Publish until the stream acknowledges it or the deadline passes.
+
+        Retrying is safe: every attempt carries the same ``Nats-Msg-Id``, so the stream keeps
+        one copy even when an earlier attempt was stored but its ack was lost in a reconnect.
+        """
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded("the request could not be queued before its deadline")
+            try:
+                await js.publish(
+                    subject,
+                    payload,
+                    timeout=min(self.settings.publish_attempt_timeout_s, remaining),
+                    stream=nats_layout.TASKS_STREAM,
+                    headers=headers,
+                )
+                return
+            except NoStreamResponseError:
+                # The server lost the stream (restarted without its store): recreate it.
+                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                    self._layout = await nats_layout.ensure_layout(js)
+                    self._consumers.clear()
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+                log.warning("publish to %s not acknowledged (%s); retrying", subject, exc)
+            except nats.errors.ConnectionClosedError as exc:
+                raise Unavailable(
+                    "the gateway's NATS connection is closed",
+                    code="QUEUE_UNAVAILABLE",
+                    retry_after_s=self.settings.retry_after_s,
+                ) from exc
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    async def _delete_payload(self, layout: nats_layout.Layout, key: str) -> None:
+        # The worker deletes the object after answering too; whoever is second finds nothing.
+        with contextlib.suppress(NotFoundError, nats.errors.Error, asyncio.TimeoutError):
+            await layout.payloads.delete(key)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        try:
+            obj = msgpack.unpackb(msg.data, raw=False)
+            if not isinstance(obj, dict):
+                raise ProtocolError("a reply must be a msgpack map")
+            reply: ReplyOk | ReplyError = (
+                from_wire(ReplyOk, obj) if obj.get("ok") is True else from_wire(ReplyError, obj)
+            )
+        except (ProtocolError, ValueError, msgpack.UnpackException) as exc:
+            self.metrics.bad_replies.inc()
+            log.warning("dropping malformed reply on %s: %s", msg.subject, exc)
+            return
+        future = self._pending.get(reply.request_id)
+        if future is None or future.done():
+            self.metrics.duplicate_replies.inc()
+            log.info(
+                "dropping reply to %s: not waiting for it (duplicate or late)", reply.request_id
+            )
+            return
+        future.set_result(reply)

@@ -1,0 +1,214 @@
+"""Test harness for the gateway: a background event loop, uvicorn on a free port, and a
+*test-only* worker peer that speaks docs/protocol.md.
+
+The peer (``Responder``) is the other side of the wire protocol, not a stand-in for the gateway:
+it pulls from the real consumer ``task_<task>``, reads the real headers and payload (object-store
+references included), publishes a real reply and acks. Its embeddings are computed from the
+texts (length, word count, kind) so a test can check that the answer belongs to its request.
+The Rust sidecar is exercised end to end by the fleet tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import numpy as np
+import uvicorn
+from fastapi import FastAPI
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+
+from registry import Registry
+from serving import nats_layout
+from serving.embedded_nats import free_port
+from serving.protocol import (
+    ErrorInfo,
+    PayloadRef,
+    QueuePayload,
+    ReplyError,
+    ReplyOk,
+    WorkerHeartbeat,
+    embeddings_to_bytes,
+    from_wire,
+    pack,
+    unpack,
+)
+
+T = TypeVar("T")
+DIMS = 4
+
+
+class BackgroundLoop:
+    """An asyncio loop in a thread, so sync tests can drive async NATS peers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def serve_app(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a free loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def expected_embedding(text: str, kind: str) -> list[float]:
+    """What the test peer answers for one text."""
+    return [float(len(text)), float(len(text.split())), 1.0 if kind == "query" else 0.0, 7.0]
+
+
+def open_registry(tmp: Path) -> Registry:
+    return Registry.open(f"sqlite:///{tmp}/r.db", artifact_dir=tmp / "a", actor="test")
+
+
+def add_placed_task(registry: Registry, tmp: Path, task: str, *, placed: bool = True) -> None:
+    """A task with one candidate, placed on the fleet when ``placed``.
+
+    The gateway never loads the model, so a folder with a config.json is weights enough.
+    """
+    folder = tmp / f"model-{task}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"hidden_size": 4}')
+    registry.add_task(task, suite=task)
+    registry.add_model(f"m-{task}", path=folder)
+    candidate = registry.add_candidate(task, base=f"m-{task}")
+    if placed:
+        registry.set_placement(task, candidate.name)
+
+
+@dataclass
+class Responder:
+    """The worker side of docs/protocol.md for one task (see the module docstring)."""
+
+    nats_url: str
+    task: str
+    duplicate: bool = False
+    error: ErrorInfo | None = None
+    model_key: str = "test-model"
+    epoch: int = 1
+    seen_headers: list[dict[str, str]] = field(default_factory=list)
+    seen_payloads: list[QueuePayload] = field(default_factory=list)
+    _nc: NatsClient | None = None
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._nc = await nats.connect(self.nats_url)
+        js = self._nc.jetstream()
+        layout = await nats_layout.ensure_layout(js, [self.task])
+        await beat(layout, f"peer-{self.task}", self.task)
+        sub = await js.pull_subscribe_bind(
+            nats_layout.consumer_name(self.task), stream=nats_layout.TASKS_STREAM
+        )
+        self._task = asyncio.create_task(self._serve(js, layout, sub))
+
+    async def _serve(self, js: JetStreamContext, layout: nats_layout.Layout, sub: Any) -> None:
+        assert self._nc is not None
+        while True:
+            try:
+                messages = await sub.fetch(1, timeout=0.5)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in messages:
+                headers = dict(msg.headers or {})
+                self.seen_headers.append(headers)
+                payload = from_wire(QueuePayload, unpack(msg.data))
+                self.seen_payloads.append(payload)
+                texts = payload.inputs
+                if isinstance(texts, PayloadRef):
+                    texts = unpack((await layout.payloads.get(texts.ref)).data or b"")
+                reply = self._reply(headers["Tf-Request-Id"], texts, payload.kind)
+                for _ in range(2 if self.duplicate else 1):
+                    await self._nc.publish(headers["Tf-Reply"], pack(reply))
+                await msg.ack()
+
+    def _reply(self, request_id: str, texts: list[str], kind: str) -> ReplyOk | ReplyError:
+        if self.error is not None:
+            return ReplyError(request_id=request_id, error=self.error)
+        matrix = np.array([expected_embedding(t, kind) for t in texts], dtype=np.float32)
+        count, dims, data = embeddings_to_bytes(matrix)
+        return ReplyOk(
+            request_id=request_id,
+            model_key=self.model_key,
+            epoch=self.epoch,
+            dims=dims,
+            count=count,
+            embeddings=data,
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._nc is not None:
+            await self._nc.close()
+
+
+async def beat(layout: nats_layout.Layout, worker_id: str, task: str) -> None:
+    """Put a heartbeat that lists ``task``, as a sidecar with a loop for it would."""
+    heartbeat = WorkerHeartbeat(
+        worker_id=worker_id,
+        host="test",
+        ts_ms=int(time.time() * 1000),
+        loaded=[],
+        memory_used=0,
+        memory_budget=0,
+        queue_depth={task: 0},
+        runtimes=["torch"],
+        epochs={},
+    )
+    await layout.workers.put(worker_id, pack(heartbeat))
+
+
+async def put_heartbeat(nats_url: str, task: str, worker_id: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        layout = await nats_layout.ensure_layout(nc.jetstream())
+        await beat(layout, worker_id, task)
+    finally:
+        await nc.close()
+
+
+async def stream_messages(nats_url: str, task: str) -> int:
+    """Messages stored in ``TASKS`` for this task's subject."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(
+            nats_layout.TASKS_STREAM, subjects_filter=nats_layout.task_subject(task)
+        )
+        return int((info.state.subjects or {}).get(nats_layout.task_subject(task), 0))
+    finally:
+        await nc.close()
