@@ -117,6 +117,13 @@ impl Residency {
         keys
     }
 
+    pub fn is_loaded(&self, key: &str) -> bool {
+        self.lock()
+            .models
+            .get(key)
+            .is_some_and(|m| matches!(m.status, Status::Loaded))
+    }
+
     /// Whether the placement's model can serve now; starts loading it when it is not loaded.
     pub fn ensure(self: &Arc<Self>, placement: &Placement) -> Readiness {
         let key = placement.model_key.clone();

@@ -190,6 +190,8 @@ impl Workers {
     /// The task's durable pull consumer, created with our settings when missing.
     async fn consumer(&self, task: &str) -> Result<jetstream::consumer::Consumer<pull::Config>> {
         let stream = nats::tasks_stream(&self.js).await?;
+        // Failing messages of this task end up there; it must exist before the first one.
+        nats::dlq_stream(&self.js).await?;
         let name = format!("task_{task}");
         stream
             .get_or_create_consumer(

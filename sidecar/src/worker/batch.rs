@@ -62,6 +62,11 @@ impl TaskLoop {
                 p = self.workers.inflight.clone().acquire_owned() => p.expect("semaphore is never closed"),
                 _ = stop.cancelled() => break,
             };
+            // A pinned model loads without demand; report its epoch as soon as it serves.
+            let desired = self.placement.borrow().clone();
+            if self.workers.residency.is_loaded(&desired.model_key) {
+                self.mark_serving(&desired);
+            }
             if self.carry.is_empty() {
                 tokio::select! {
                     _ = self.pull(1, IDLE_POLL) => {}
@@ -106,20 +111,24 @@ impl TaskLoop {
     fn choose_model(&self, desired: &Placement) -> Option<Placement> {
         let residency = &self.workers.residency;
         if residency.ensure(desired) == Readiness::Ready {
-            let mut serving = self.status.serving.lock().expect("serving lock");
-            if serving.as_ref() != Some(desired) {
-                tracing::info!(
-                    task = %self.task,
-                    epoch = desired.epoch,
-                    model_key = %desired.model_key,
-                    "serving placement"
-                );
-                *serving = Some(desired.clone());
-            }
+            self.mark_serving(desired);
             return Some(desired.clone());
         }
         let serving = self.status.serving.lock().expect("serving lock").clone()?;
-        residency.acquire(&serving.model_key).map(|_| serving)
+        residency.is_loaded(&serving.model_key).then_some(serving)
+    }
+
+    fn mark_serving(&self, placement: &Placement) {
+        let mut serving = self.status.serving.lock().expect("serving lock");
+        if serving.as_ref() != Some(placement) {
+            tracing::info!(
+                task = %self.task,
+                epoch = placement.epoch,
+                model_key = %placement.model_key,
+                "serving placement"
+            );
+            *serving = Some(placement.clone());
+        }
     }
 
     /// The model is not loaded: nak what we hold (with delay) and stop pulling until it is.

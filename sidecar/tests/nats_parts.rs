@@ -1,0 +1,201 @@
+//! The NATS-facing parts against a real nats-server: heartbeats land in KV `workers`, the
+//! placement watcher follows KV `placements`, and the binary beats and stops cleanly.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use common::{eventually, NatsServer};
+use taskfleet_sidecar::heartbeat::Heartbeat;
+use taskfleet_sidecar::protocol::{self, Placement, WorkerHeartbeat};
+use taskfleet_sidecar::residency::Residency;
+use taskfleet_sidecar::runtime::supervisor::Runtime;
+use taskfleet_sidecar::{nats, placement};
+
+fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
+    Placement {
+        v: 1,
+        task: task.into(),
+        epoch,
+        candidate: format!("cand-{epoch}"),
+        model_key: model_key.into(),
+        base_path: "/models/base".into(),
+        adapter_path: None,
+        query_prefix: String::new(),
+        passage_prefix: String::new(),
+        max_seq_length: Some(128),
+        pinned: false,
+        replicas: 1,
+        memory_bytes: 1000,
+    }
+}
+
+async fn heartbeat_of(store: &jetstream::kv::Store, worker: &str) -> Option<WorkerHeartbeat> {
+    let bytes = store.get(worker).await.ok()??;
+    Some(protocol::decode(&bytes).expect("heartbeat decodes"))
+}
+
+#[tokio::test]
+async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = jetstream::new(client);
+    let store = nats::workers_bucket(&js, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let runtime = Runtime::new();
+    let heartbeat = Heartbeat {
+        worker_id: "w-test-1".into(),
+        host: "test-host".into(),
+        residency: Residency::new(runtime.clone(), 12_345),
+        runtime,
+        statuses: Arc::default(),
+    };
+    let stop = CancellationToken::new();
+    let running =
+        tokio::spawn(heartbeat.run(store.clone(), Duration::from_millis(100), stop.clone()));
+
+    let beat = eventually(Duration::from_secs(5), "a heartbeat", || {
+        heartbeat_of(&store, "w-test-1")
+    })
+    .await;
+    assert_eq!(beat.worker_id, "w-test-1");
+    assert_eq!(beat.host, "test-host");
+    assert_eq!(beat.memory_budget, 12_345);
+    assert!(beat.loaded.is_empty() && beat.runtimes.is_empty());
+    let first_ts = beat.ts_ms;
+    let later = eventually(Duration::from_secs(5), "a later heartbeat", || async {
+        heartbeat_of(&store, "w-test-1")
+            .await
+            .filter(|b| b.ts_ms > first_ts)
+    })
+    .await;
+    assert!(later.ts_ms > first_ts);
+
+    stop.cancel();
+    running.await.unwrap();
+    assert!(store.get("w-test-1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn placement_watcher_follows_puts_deletes_and_ignores_stale_or_invalid() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = jetstream::new(client);
+    let store = nats::placements_bucket(&js).await.unwrap();
+    // A placement written before the watcher starts is seen too.
+    let first = placement("faq", 3, "m1");
+    store
+        .put("faq", protocol::encode(&first).unwrap().into())
+        .await
+        .unwrap();
+
+    let (tx, mut rx) = watch::channel(Arc::default());
+    let stop = CancellationToken::new();
+    let watcher = tokio::spawn(placement::watch_placements(store.clone(), tx, stop.clone()));
+    let seen = rx
+        .wait_for(|m| m.contains_key("faq"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(seen["faq"], first);
+
+    let newer = placement("faq", 4, "m2");
+    store
+        .put("faq", protocol::encode(&newer).unwrap().into())
+        .await
+        .unwrap();
+    rx.wait_for(|m| m.get("faq").is_some_and(|p| p.epoch == 4))
+        .await
+        .unwrap();
+
+    // Entries arrive in order, so once the sentinel is seen the two before it were handled.
+    let stale = placement("faq", 2, "m0");
+    let invalid = placement("other-task", 9, "m9");
+    let sentinel = placement("zz-sentinel", 1, "m1");
+    for (key, value) in [
+        ("faq", &stale),
+        ("legal", &invalid),
+        ("zz-sentinel", &sentinel),
+    ] {
+        store
+            .put(key, protocol::encode(value).unwrap().into())
+            .await
+            .unwrap();
+    }
+    let seen = rx
+        .wait_for(|m| m.contains_key("zz-sentinel"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(
+        seen["faq"], newer,
+        "an older epoch does not replace a newer one"
+    );
+    assert!(!seen.contains_key("legal"), "key/task mismatch is rejected");
+
+    store.delete("zz-sentinel").await.unwrap();
+    store.delete("faq").await.unwrap();
+    rx.wait_for(|m| m.is_empty()).await.unwrap();
+    stop.cancel();
+    watcher.await.unwrap();
+}
+
+#[tokio::test]
+async fn binary_beats_without_a_runtime_and_stops_on_sigterm() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskfleet-sidecar"))
+        .args(["--worker-id", "w-bin", "--heartbeat-ms", "100"])
+        .arg("--runtime-socket")
+        .arg(dir.path().join("absent.sock"))
+        .env("TASKFLEET_NATS_URL", &server.url)
+        .env("TASKFLEET_MEMORY_BUDGET_BYTES", "777")
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = jetstream::new(client);
+    let beat = eventually(
+        Duration::from_secs(20),
+        "the binary's heartbeat",
+        || async {
+            let store = js.get_key_value("workers").await.ok()?;
+            heartbeat_of(&store, "w-bin").await
+        },
+    )
+    .await;
+    assert_eq!(beat.memory_budget, 777, "env fallback of the flag is used");
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("sidecar exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "clean exit, got {status}");
+    let store = js.get_key_value("workers").await.unwrap();
+    assert!(store.get("w-bin").await.unwrap().is_none());
+}
+
+#[test]
+fn binary_without_a_runtime_setting_explains_itself() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskfleet-sidecar"))
+        .env_remove("TASKFLEET_RUNTIME_CMD")
+        .env_remove("TASKFLEET_RUNTIME_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--runtime-cmd"), "stderr: {stderr}");
+}
