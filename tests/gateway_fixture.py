@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import nats
 import numpy as np
 import uvicorn
@@ -29,6 +31,7 @@ from nats.js import JetStreamContext
 from registry import Registry
 from serving import nats_layout
 from serving.embedded_nats import free_port
+from serving.gateway import GatewaySettings, create_gateway
 from serving.protocol import (
     ErrorInfo,
     PayloadRef,
@@ -212,3 +215,49 @@ async def stream_messages(nats_url: str, task: str) -> int:
         return int((info.state.subjects or {}).get(nats_layout.task_subject(task), 0))
     finally:
         await nc.close()
+
+
+@dataclass
+class Stack:
+    """A served gateway with its registry, NATS URL and a loop for NATS peers."""
+
+    url: str
+    nats_url: str
+    registry: Registry
+    tmp: Path
+    loop: BackgroundLoop
+    gateway_id: str
+
+    def task(self, *, placed: bool = True, worker: bool = False) -> str:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        add_placed_task(self.registry, self.tmp, name, placed=placed)
+        if worker:
+            self.loop.run(put_heartbeat(self.nats_url, name, f"w-{name}"))
+        return name
+
+    def responder(self, task: str, **options: Any) -> Responder:
+        peer = Responder(self.nats_url, task, **options)
+        self.loop.run(peer.start())
+        return peer
+
+
+@contextlib.contextmanager
+def gateway_stack(nats_url: str, tmp: Path, settings: GatewaySettings) -> Iterator[Stack]:
+    """A registry in ``tmp`` and a gateway served by uvicorn, ready (connected to NATS)."""
+    registry = open_registry(tmp)
+    loop = BackgroundLoop()
+    try:
+        with serve_app(create_gateway(registry, nats_url, settings)) as url:
+            wait_ready(url)
+            yield Stack(url, nats_url, registry, tmp, loop, settings.gateway_id)
+    finally:
+        loop.close()
+        registry.close()
+
+
+def wait_ready(url: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{url}/readyz").status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gateway at {url} never became ready")
+        time.sleep(0.05)

@@ -8,55 +8,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import msgpack
 import numpy as np
 import pytest
 
-from registry import Registry
 from serving.embedded_nats import EmbeddedNats
-from serving.gateway import GatewaySettings, create_gateway
+from serving.gateway import GatewaySettings
 from serving.protocol import ErrorInfo, PayloadRef
-from tests.gateway_fixture import (
-    DIMS,
-    BackgroundLoop,
-    Responder,
-    add_placed_task,
-    expected_embedding,
-    open_registry,
-    put_heartbeat,
-    serve_app,
-    stream_messages,
-)
-from tests.nats_fixture import running_nats, unique_task
+from tests.gateway_fixture import DIMS, Stack, expected_embedding, gateway_stack, stream_messages
+from tests.nats_fixture import running_nats
 
 MAX_BODY = 4 * 1024 * 1024
 MSGPACK = {"Content-Type": "application/msgpack"}
-
-
-@dataclass
-class Stack:
-    url: str
-    nats_url: str
-    registry: Registry
-    tmp: Path
-    loop: BackgroundLoop
-    gateway_id: str
-
-    def task(self, *, placed: bool = True, worker: bool = False) -> str:
-        name = unique_task()
-        add_placed_task(self.registry, self.tmp, name, placed=placed)
-        if worker:
-            self.loop.run(put_heartbeat(self.nats_url, name, f"w-{name}"))
-        return name
-
-    def responder(self, task: str, **options: object) -> Responder:
-        peer = Responder(self.nats_url, task, **options)  # type: ignore[arg-type]
-        self.loop.run(peer.start())
-        return peer
 
 
 @pytest.fixture(scope="module")
@@ -67,27 +32,11 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
 
 @pytest.fixture(scope="module")
 def stack(nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("gateway")
-    registry = open_registry(tmp)
     settings = GatewaySettings(
         require_auth=False, max_body_bytes=MAX_BODY, default_timeout_s=10, workers_refresh_s=0
     )
-    loop = BackgroundLoop()
-    app = create_gateway(registry, nats_server.url, settings)
-    try:
-        with serve_app(app) as url:
-            wait_ready(url)
-            yield Stack(url, nats_server.url, registry, tmp, loop, settings.gateway_id)
-    finally:
-        loop.close()
-        registry.close()
-
-
-def wait_ready(url: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while httpx.get(f"{url}/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "gateway never became ready"
-        time.sleep(0.05)
+    with gateway_stack(nats_server.url, tmp_path_factory.mktemp("gateway"), settings) as built:
+        yield built
 
 
 def post_msgpack(url: str, task: str, body: object, **headers: str) -> httpx.Response:
