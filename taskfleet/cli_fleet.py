@@ -1,0 +1,269 @@
+"""CLI verbs for the fleet: placements (desired vs reported), dead letters, and `taskfleet up`.
+
+Wired in taskfleet/cli.py as ``placement``, ``dlq`` and ``up``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from taskfleet.context import get_settings, open_registry
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from serving.dlq import ReplayOutcome
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+placement_app = typer.Typer(
+    help="Placements: which task runs what on the fleet.", no_args_is_help=True
+)
+dlq_app = typer.Typer(help="Dead letters: requests the fleet gave up on.", no_args_is_help=True)
+
+STACK_FILE = "stack.json"
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def stack_file() -> Path:
+    return get_settings().resolved_home / "run" / STACK_FILE
+
+
+def nats_url_or_none() -> str | None:
+    """TASKFLEET_NATS_URL, else the NATS of a running `taskfleet up` on this home."""
+    settings = get_settings()
+    if settings.nats_url:
+        return settings.nats_url
+    try:
+        return str(json.loads(stack_file().read_text())["nats"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _nats_call(url: str, action: Callable[[NATS], Awaitable[T]]) -> T:
+    """Run ``action(nc)`` on a fresh connection that fails fast when NATS is away."""
+    from serving.connection import connect_once
+
+    async def run() -> T:
+        nc = await connect_once(url, name="taskfleet-cli")
+        try:
+            return await action(nc)
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def _require_nats() -> str:
+    url = nats_url_or_none()
+    if url is None:
+        raise _fail("no NATS to talk to: start `taskfleet up` or set TASKFLEET_NATS_URL")
+    return url
+
+
+# ---- placements --------------------------------------------------------------------------
+@placement_app.command("set")
+def placement_set(
+    task: str = typer.Argument(..., help="Task name."),
+    candidate: str = typer.Argument(..., help="Candidate of the task to place."),
+    pinned: bool = typer.Option(False, "--pinned", help="Keep loaded (never evicted)."),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="Workers that should serve it."),
+) -> None:
+    """Place a candidate on the fleet (a new epoch), then publish it if NATS is reachable."""
+    from serving.nats_layout import ensure_layout
+    from serving.placements import PlacementError, placement_value, put_placement
+
+    reg = open_registry()
+    placement = reg.set_placement(task, candidate, pinned=pinned, replicas=replicas)
+    try:
+        value = placement_value(reg, placement)
+    except PlacementError as exc:
+        raise _fail(
+            f"placement {task}@{placement.epoch} recorded but cannot be served: {exc}"
+        ) from None
+    out.print(
+        f"placement [bold]{task}[/bold] epoch {placement.epoch}: {candidate} "
+        f"({'pinned' if pinned else 'lazy'}, {replicas} replica(s), model {value.model_key})"
+    )
+    url = nats_url_or_none()
+
+    async def publish(nc: NATS) -> None:
+        kv = (await ensure_layout(nc.jetstream())).placements
+        await put_placement(kv, value)
+
+    try:
+        if url is None:
+            raise ConnectionError("no NATS URL")
+        _nats_call(url, publish)
+    except Exception as exc:  # NATS away: the outbox keeps it
+        why = str(exc) or type(exc).__name__
+        out.print(f"not published now ({why}); the running publisher will publish it")
+        return
+    reg.mark_published(task, placement.epoch)
+    out.print(f"published to the fleet via {url}")
+
+
+def _age(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    seconds = (datetime.now(UTC) - when).total_seconds()
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+@placement_app.command("ls")
+def placement_ls() -> None:
+    """Desired vs reported epoch per task, and what each worker holds (from the registry)."""
+    reg = open_registry()
+    table = Table("task", "candidate", "desired", "mode", "published", "reported by workers", "ok")
+    for s in reg.placement_status():
+        reported = ", ".join(f"{w}@{e}" for w, e in sorted(s.reported.items())) or "-"
+        table.add_row(
+            s.task,
+            s.candidate,
+            str(s.desired_epoch),
+            f"{'pinned' if s.pinned else 'lazy'} x{s.replicas}",
+            _age(s.published_at) if s.published_at else "[yellow]pending[/yellow]",
+            reported,
+            "[green]yes[/green]" if s.converged else "[yellow]no[/yellow]",
+        )
+    out.print(table)
+    workers = Table("worker", "host", "state", "last beat", "loaded", "memory", "queue")
+    for w in reg.list_workers():
+        workers.add_row(
+            w.worker_id,
+            w.host,
+            "[green]up[/green]" if w.reachable else "[red]silent[/red]",
+            _age(w.seen_at),
+            "\n".join(w.loaded) or "-",
+            f"{_mb(w.memory_used)} / {_mb(w.memory_budget)}",
+            ", ".join(f"{t}:{n}" for t, n in sorted(w.queue_depth.items())) or "-",
+        )
+    out.print(workers)
+
+
+# ---- dead letters ------------------------------------------------------------------------
+@dlq_app.command("ls")
+def dlq_ls(
+    task: str | None = typer.Option(None, "--task", help="Only this task."),
+    limit: int = typer.Option(100, min=1, help="At most this many (oldest first)."),
+) -> None:
+    """List dead letters with the error that sent them there."""
+    from serving.dlq import list_dead_letters
+
+    url = _require_nats()
+    try:
+        letters = _nats_call(url, lambda nc: list_dead_letters(nc.jetstream(), task, limit))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    except Exception as exc:
+        raise _fail(f"cannot read the DLQ from {url}: {exc or type(exc).__name__}") from None
+    table = Table("#", "task", "request", "when", "what", "error")
+    for d in letters:
+        table.add_row(str(d.seq), d.task, d.request_id, _age(d.time), d.summary, d.error)
+    out.print(table if letters else "the DLQ is empty")
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    seqs: list[int] = typer.Argument(None, help="Dead letter numbers (from `dlq ls`)."),
+    task: str | None = typer.Option(None, "--task", help="Replay every dead letter of a task."),
+    wait: float = typer.Option(30.0, help="Seconds to wait for each reply (0: do not wait)."),
+    keep: bool = typer.Option(False, "--keep", help="Leave the dead letters in the DLQ."),
+) -> None:
+    """Publish dead letters' original requests to tasks.<task> again."""
+    from serving.dlq import DeadLetterNotFound, list_dead_letters, replay
+    from serving.protocol import ReplyOk
+
+    if not seqs and not task:
+        raise _fail("name dead letters by number or give --task")
+    url = _require_nats()
+
+    async def action(nc: NATS) -> list[ReplayOutcome]:
+        chosen = list(seqs or [])
+        if task:
+            chosen += [d.seq for d in await list_dead_letters(nc.jetstream(), task, 10_000)]
+        return await replay(nc, chosen, wait_s=wait, keep=keep)
+
+    try:
+        outcomes = _nats_call(url, action)
+    except (DeadLetterNotFound, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    for o in outcomes:
+        if o.reply is None:
+            state = "queued" if wait <= 0 else f"no reply within {wait:g}s"
+        elif isinstance(o.reply, ReplyOk):
+            state = f"ok ({o.reply.count} x {o.reply.dims}, {o.reply.model_key})"
+        else:
+            state = f"failed again: {o.reply.error.code}: {o.reply.error.message}"
+        out.print(f"#{o.seq} {o.task} -> {o.request_id}: {state}")
+
+
+# ---- the whole stack ---------------------------------------------------------------------
+def up(
+    workers: int = typer.Option(1, "--workers", min=0, help="Sidecar+runtime pairs to start."),
+    host: str = typer.Option("127.0.0.1", help="Address the HTTP servers bind."),
+    port: int = typer.Option(8700, "--port", help="Gateway port (embeddings API)."),
+    control_port: int = typer.Option(8600, "--control-port", help="Control plane port."),
+    auth: bool = typer.Option(True, "--auth/--no-auth", help="Require API keys."),
+    memory_budget_mb: int = typer.Option(
+        8192, "--memory-budget-mb", min=1, help="Model memory per worker."
+    ),
+    device: str = typer.Option("cpu", help="torch device of the runtimes (cpu, cuda:0)."),
+    sidecar_bin: Path | None = typer.Option(None, help="taskfleet-sidecar binary to use."),
+) -> None:
+    """Start the whole fleet on this machine; Ctrl-C stops everything."""
+    from taskfleet.stack import StackConfig, StackError, StackUrls, run_stack
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    config = StackConfig(
+        home=settings.resolved_home,
+        workers=workers,
+        host=host,
+        port=port,
+        control_port=control_port,
+        nats_url=settings.nats_url,
+        require_auth=auth,
+        memory_budget_bytes=memory_budget_mb * 2**20,
+        sidecar_binary=sidecar_bin,
+        device=device,
+    )
+    state = stack_file()
+
+    def ready(urls: StackUrls) -> None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps({**urls.__dict__, "pid": os.getpid()}))
+        out.print(f"gateway        {urls.gateway}   (POST /v1/tasks/<task>, /v1/embeddings)")
+        out.print(f"control plane  {urls.control_plane}   (REST API, docs at /docs)")
+        out.print(f"nats           {urls.nats}")
+        out.print(f"workers        {', '.join(urls.workers) or '-'}")
+        out.print("Ctrl-C stops everything.")
+
+    try:
+        asyncio.run(run_stack(config, open_registry(), ready))
+    except StackError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        state.unlink(missing_ok=True)
+    out.print("stopped")

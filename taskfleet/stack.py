@@ -1,0 +1,347 @@
+"""`taskfleet up`: the whole fleet on one machine, in one process tree.
+
+Starts, in order: nats-server (embedded, unless a URL is given), the NATS layout, the control
+plane and the gateway (two uvicorn servers in this event loop), the placement publisher and the
+fleet watcher, and N sidecars that each start and supervise their own Python runtime. Ctrl-C or
+SIGTERM stops them in reverse order; every child runs in its own process group which is killed
+at the end, so no runtime outlives the stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from registry import Registry
+
+log = logging.getLogger("taskfleet.up")
+SIDECAR_BINARY = "taskfleet-sidecar"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class StackError(RuntimeError):
+    """The stack cannot start (missing binary, port taken, NATS unreachable)."""
+
+
+def find_sidecar_binary(explicit: Path | None = None) -> Path:
+    """``--sidecar-bin``, else TASKFLEET_SIDECAR_BIN, else the cargo build, else PATH."""
+    candidates = [explicit] if explicit else []
+    if os.environ.get("TASKFLEET_SIDECAR_BIN"):
+        candidates.append(Path(os.environ["TASKFLEET_SIDECAR_BIN"]))
+    candidates.append(REPO_ROOT / "sidecar" / "target" / "release" / SIDECAR_BINARY)
+    on_path = shutil.which(SIDECAR_BINARY)
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path and path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise StackError(
+        f"{SIDECAR_BINARY} not found (looked at {', '.join(str(c) for c in candidates)}); "
+        "build it with `make sidecar` or point TASKFLEET_SIDECAR_BIN at it"
+    )
+
+
+def runtime_command(python: str = sys.executable, device: str = "cpu") -> str:
+    """The command a sidecar runs to start its runtime; ``{socket}`` is filled in by it."""
+    return f"{shlex.quote(python)} -m serving.runtime.server --socket {{socket}} --device {device}"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the stack dies without cleaning up (Linux;
+    the signal follows the death of the thread that started the child: start from one that
+    lives as long as the stack, the main thread)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class SidecarProcess:
+    """One sidecar (and, through it, one runtime) as a child in its own process group."""
+
+    binary: Path
+    nats_url: str
+    worker_id: str
+    run_dir: Path
+    memory_budget_bytes: int = 8 << 30
+    runtime_cmd: str = field(default_factory=runtime_command)
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / f"{self.worker_id}.sock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.worker_id}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def command(self) -> list[str]:
+        return [
+            str(self.binary),
+            "--nats-url", self.nats_url,
+            "--worker-id", self.worker_id,
+            "--runtime-cmd", self.runtime_cmd,
+            "--runtime-socket", str(self.socket_path),
+            "--memory-budget-bytes", str(self.memory_budget_bytes),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+        # The runtime is started by `python -m serving...`: it must find the project.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(REPO_ROOT),
+                start_new_session=True,  # own group: stop() kills the runtime with it
+                preexec_fn=_die_with_parent,
+            )
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the sidecar alone (its runtime stays until :meth:`stop`): a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (the sidecar drains and shuts its runtime down), then kill the whole group."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        _kill_group(process.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def _kill_group(pgid: int) -> None:
+    """Whatever is left in the group (a runtime whose sidecar was killed) goes too."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)
+            time.sleep(0.1)
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class StackConfig:
+    home: Path
+    workers: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8700
+    control_port: int = 8600
+    nats_url: str | None = None
+    require_auth: bool = True
+    memory_budget_bytes: int = 8 << 30
+    sidecar_binary: Path | None = None
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class StackUrls:
+    gateway: str
+    control_plane: str
+    nats: str
+    workers: list[str]
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the stack (one handler for all parts)."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        super().__init__(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        )
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run_stack(
+    config: StackConfig,
+    registry: Registry,
+    on_ready: Callable[[StackUrls], None],
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop``); everything started is stopped on the way out."""
+    from registry.api import create_app
+    from serving.embedded_nats import EmbeddedNats
+    from serving.fleet import FleetWatcher
+    from serving.gateway.app import GatewaySettings, create_gateway
+    from serving.placements import PlacementPublisher
+
+    if config.workers < 0:
+        raise StackError("--workers must be >= 0")
+    for port in (config.port, config.control_port):
+        if not port_free(config.host, port):
+            raise StackError(f"port {config.host}:{port} is already in use; pick another")
+    binary = find_sidecar_binary(config.sidecar_binary) if config.workers else None
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    nats_server: EmbeddedNats | None = None
+    sidecars: list[SidecarProcess] = []
+    tasks: list[asyncio.Task[None]] = []
+    servers: list[QuietServer] = []
+    publisher: PlacementPublisher | None = None
+    watcher: FleetWatcher | None = None
+    try:
+        if config.nats_url:
+            nats_url = config.nats_url
+        else:
+            nats_server = EmbeddedNats(config.home / "nats")
+            await asyncio.to_thread(nats_server.start)
+            nats_url = nats_server.url
+        await _ensure_layout(nats_url)
+
+        control = create_app(registry, require_auth=config.require_auth)
+        gateway = create_gateway(
+            registry, nats_url, GatewaySettings(require_auth=config.require_auth)
+        )
+        servers = [
+            QuietServer(control, config.host, config.control_port),
+            QuietServer(gateway, config.host, config.port),
+        ]
+        tasks += [asyncio.create_task(s.serve()) for s in servers]
+        publisher = PlacementPublisher(registry, nats_url)
+        watcher = FleetWatcher(registry, nats_url)
+        tasks += [asyncio.create_task(publisher.run()), asyncio.create_task(watcher.run())]
+
+        run_dir = config.home / "run"
+        host = socket.gethostname().split(".")[0] or "local"
+        for i in range(config.workers):
+            assert binary is not None
+            sidecar = SidecarProcess(
+                binary=binary,
+                nats_url=nats_url,
+                worker_id=f"{host}-w{i}",
+                run_dir=run_dir,
+                memory_budget_bytes=config.memory_budget_bytes,
+                runtime_cmd=runtime_command(device=config.device),
+            )
+            sidecar.start()
+            sidecars.append(sidecar)
+
+        await _wait_started(servers)
+        on_ready(
+            StackUrls(
+                gateway=f"http://{config.host}:{config.port}",
+                control_plane=f"http://{config.host}:{config.control_port}",
+                nats=nats_url,
+                workers=[s.worker_id for s in sidecars],
+            )
+        )
+        await _supervise(sidecars, stop)
+    finally:
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*(asyncio.to_thread(s.stop) for s in sidecars))
+        for loop_ in (publisher, watcher):
+            if loop_ is not None:
+                loop_.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        if nats_server is not None:
+            await asyncio.to_thread(nats_server.stop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _ensure_layout(url: str) -> None:
+    from serving.connection import connect_once
+    from serving.nats_layout import ensure_layout
+
+    try:
+        nc = await connect_once(url, name="taskfleet-up")
+    except Exception as exc:
+        raise StackError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+    try:
+        await ensure_layout(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+async def _wait_started(servers: list[QuietServer], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(s.started for s in servers):
+        if time.monotonic() > deadline:
+            raise StackError("the HTTP servers did not start in time")
+        await asyncio.sleep(0.05)
+
+
+async def _supervise(sidecars: list[SidecarProcess], stop: asyncio.Event) -> None:
+    """Restart a sidecar that died (with backoff) until the stack is asked to stop."""
+    restarts: dict[str, float] = {}
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+        for sidecar in sidecars:
+            if stop.is_set() or sidecar.running():
+                continue
+            code = sidecar.process.returncode if sidecar.process else None
+            last = restarts.get(sidecar.worker_id, 0.0)
+            if time.monotonic() - last < 5.0:
+                continue  # crash loop: at most one restart per 5 s
+            log.warning(
+                "worker %s exited (%s); restarting. Last log lines:\n%s",
+                sidecar.worker_id, code, sidecar.log_tail(),
+            )  # fmt: skip
+            if sidecar.pid:
+                await asyncio.to_thread(_kill_group, sidecar.pid)
+            restarts[sidecar.worker_id] = time.monotonic()
+            sidecar.start()
