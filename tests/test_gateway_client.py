@@ -158,3 +158,28 @@ def test_openai_client_sends_its_api_key(auth_stack: Stack) -> None:
             wrong.embeddings.create(model=task, input="x")
     finally:
         auth_stack.loop.run(peer.stop())
+
+
+def test_call_command_prints_shape_norms_and_what_served(open_stack: Stack) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from taskfleet.cli_gateway import call
+
+    app = typer.Typer()
+    app.command()(call)
+    task = open_stack.task()
+    peer = open_stack.responder(task, model_key="base+lora", epoch=7)
+    try:
+        args = [task, "--text", "one two", "--text", "three", "--url", open_stack.url]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "2 x 4 float32" in result.output
+        assert "base+lora" in result.output and "epoch 7" in result.output
+        norm = float(np.linalg.norm(expected_embedding("three", "query")))
+        assert f"{norm:.4f}" in result.output
+        unknown = CliRunner().invoke(app, ["no-such-task", "-t", "x", "--url", open_stack.url])
+        assert unknown.exit_code == 1
+        assert "UNKNOWN_TASK" in unknown.output and "Traceback" not in unknown.output
+    finally:
+        open_stack.loop.run(peer.stop())

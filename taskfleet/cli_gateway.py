@@ -1,0 +1,88 @@
+"""`taskfleet call` (one request through the gateway) and `taskfleet gateway` (the gateway alone).
+
+Wire them with ``app.command("call")(call)`` and ``app.command("gateway")(gateway)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from taskfleet.context import get_settings, open_registry
+
+DEFAULT_GATEWAY_PORT = 8700
+DEFAULT_GATEWAY_URL = f"http://127.0.0.1:{DEFAULT_GATEWAY_PORT}"
+
+out = Console()
+err = Console(stderr=True)
+
+
+def call(
+    task: str = typer.Argument(..., help="Task name, e.g. german-legal-retrieval."),
+    text: list[str] = typer.Option(..., "--text", "-t", help="A text to embed; repeat for more."),
+    kind: str = typer.Option("query", help="query or passage (selects the model's prefix)."),
+    url: str = typer.Option(DEFAULT_GATEWAY_URL, "--url", help="Gateway base URL."),
+    api_key: str | None = typer.Option(None, "--api-key", help="API key with role caller."),
+    timeout_ms: int | None = typer.Option(None, "--timeout-ms", help="Deadline of the request."),
+) -> None:
+    """Embed texts through the gateway; print the vectors' shape and norms and what served them."""
+    import httpx
+
+    from serving.client import Client, TaskfleetError
+
+    if kind not in ("query", "passage"):
+        raise typer.BadParameter("must be 'query' or 'passage'", param_hint="--kind")
+    try:
+        with Client(url, api_key=api_key) as client:
+            result = client.embed_with_info(
+                task,
+                text,
+                kind=kind,  # type: ignore[arg-type]  # checked above
+                timeout_ms=timeout_ms,
+            )
+    except TaskfleetError as exc:
+        err.print(f"error: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    except httpx.HTTPError as exc:
+        err.print(f"error: cannot reach the gateway at {url}: {exc}", style="red", markup=False)
+        raise typer.Exit(1) from exc
+    vectors = result.vectors
+    out.print(
+        f"{task}: {vectors.shape[0]} x {vectors.shape[1]} float32, served by model "
+        f"{result.model_key} at placement epoch {result.epoch} (request {result.request_id})",
+        markup=False,
+        highlight=False,
+    )
+    table = Table("#", "text", "norm", "first values")
+    for i, (t, row) in enumerate(zip(text, vectors, strict=True)):
+        shown = t if len(t) <= 40 else t[:37] + "..."
+        head = ", ".join(f"{v:+.4f}" for v in row[:4])
+        table.add_row(str(i), shown, f"{float(np.linalg.norm(row)):.4f}", head)
+    out.print(table)
+
+
+def gateway(
+    nats_url: str | None = typer.Option(
+        None, "--nats-url", help="NATS server/cluster URL (env TASKFLEET_NATS_URL)."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(DEFAULT_GATEWAY_PORT, help="Port to bind."),
+    auth: bool = typer.Option(
+        True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
+    ),
+) -> None:
+    """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics)."""
+    import uvicorn
+
+    from serving.gateway import GatewaySettings, create_gateway
+
+    url = nats_url or get_settings().nats_url
+    if not url:
+        raise typer.BadParameter(
+            "the gateway needs a NATS server: give --nats-url or set TASKFLEET_NATS_URL",
+            param_hint="--nats-url",
+        )
+    app = create_gateway(open_registry(), url, GatewaySettings(require_auth=auth))
+    uvicorn.run(app, host=host, port=port, log_level="info")
