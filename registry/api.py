@@ -1,6 +1,5 @@
 """The control-plane REST API (FastAPI): the registry service over HTTP, with OpenAPI docs."""
 
-
 # No `from __future__ import annotations` here: FastAPI must resolve the locally defined
 # `Annotated` dependencies at runtime.
 from dataclasses import asdict
@@ -14,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from registry import entities as e
 from registry.errors import PermissionDenied, RegistryError
+from registry.promotions import UNSET
 from registry.service import Registry
 
 
@@ -70,13 +70,42 @@ class PlacementIn(BaseModel):
     replicas: int = 1
 
 
+class PromoteIn(BaseModel):
+    candidate: str
+    reason: str = ""
+    override: bool = Field(False, description="Promote although the rule is not met (admin).")
+    expected_champion: str | None = Field(
+        None,
+        description="The champion the caller saw (null: none). If it changed meanwhile, nothing "
+        "happens and 409 CONFLICT is returned. Leave out to skip this check.",
+    )
+
+
+class RollbackIn(BaseModel):
+    reason: str = ""
+    expected_champion: str | None = Field(
+        None, description="The champion the caller saw; leave out to skip the stale check."
+    )
+
+
+def _expected(body: PromoteIn | RollbackIn) -> str | None:
+    """An absent `expected_champion` means "do not check"; an explicit null means "none"."""
+    return body.expected_champion if "expected_champion" in body.model_fields_set else UNSET
+
+
 def _dump(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_dump(o) for o in obj]
     return asdict(obj)
 
 
-def create_app(registry: Registry, *, require_auth: bool = True) -> FastAPI:
+def create_app(
+    registry: Registry, *, require_auth: bool = True, session_secret: str | None = None
+) -> FastAPI:
+    """The control plane: REST API under /api/v1 and the web dashboard on the same port.
+
+    `session_secret` signs dashboard session cookies; without one, sessions end with the process.
+    """
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -104,7 +133,8 @@ def create_app(registry: Registry, *, require_auth: bool = True) -> FastAPI:
         if not authorization or not authorization.startswith("Bearer "):
             raise _Unauthenticated()
         key = registry.authenticate(authorization.removeprefix("Bearer ").strip())
-        return registry.as_actor(f"key:{key.name}"), key.roles
+        # The service enforces role-bound rules itself (promotion overrides need admin).
+        return registry.as_actor(f"key:{key.name}", key.roles), key.roles
 
     Actor = Annotated[tuple[Registry, list[str]], Depends(actor)]
 
@@ -219,10 +249,53 @@ def create_app(registry: Registry, *, require_auth: bool = True) -> FastAPI:
         p = reg.set_placement(task, body.candidate, pinned=body.pinned, replicas=body.replicas)
         return asdict(p)
 
+    @app.get("/api/v1/tasks/{task}/promotions")
+    def list_promotions(task: str, who: Actor) -> list[dict[str, Any]]:
+        """The task's promotion history, newest first."""
+        return _dump(who[0].list_promotions(task))
+
+    @app.get("/api/v1/tasks/{task}/candidates/{candidate}/check")
+    def check_promotion(task: str, candidate: str, who: Actor) -> dict[str, Any]:
+        """The promotion rule's verdict for one challenger, with its evidence. Writes nothing."""
+        return asdict(who[0].check_promotion(task, candidate))
+
+    @app.post("/api/v1/tasks/{task}/promote", status_code=201)
+    def promote(task: str, body: PromoteIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "promoter", "admin")
+        p = reg.promote(
+            task,
+            body.candidate,
+            reason=body.reason,
+            override=body.override,
+            expected_champion=_expected(body),
+        )
+        return asdict(p)
+
+    @app.post("/api/v1/tasks/{task}/rollback", status_code=201)
+    def rollback(task: str, body: RollbackIn, who: Actor) -> dict[str, Any]:
+        reg = writer(who, "promoter", "admin")
+        return asdict(reg.rollback(task, reason=body.reason, expected_champion=_expected(body)))
+
+    @app.get("/api/v1/fleet")
+    def fleet(who: Actor) -> dict[str, Any]:
+        """Workers as last mirrored from their heartbeats, and desired vs reported epochs."""
+        reg = who[0]
+        return {
+            "workers": _dump(reg.list_workers()),
+            "placements": [
+                {**asdict(p), "converged": p.converged, "converged_workers": p.converged_workers}
+                for p in reg.placement_status()
+            ],
+        }
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Imported here: the dashboard's error pages use this module's `error_body`.
+    from registry.dashboard import mount_dashboard
+
+    mount_dashboard(app, registry, require_auth=require_auth, session_secret=session_secret)
     return app
 
 

@@ -1,0 +1,148 @@
+"""The dashboard's forms (POST): log in and out, promote, roll back.
+
+Every POST checks the session's CSRF token first. Promotion forms carry the champion the user
+saw, so a form that went stale while open changes nothing; outcomes are flashed and the browser
+is redirected (post/redirect/get), so a reload never submits twice.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the `Annotated` parameters below
+# at runtime.
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Form, Request
+from starlette.responses import RedirectResponse, Response
+
+from registry.dashboard.context import Dashboard
+from registry.dashboard.rendering import DashboardRoute, render
+from registry.dashboard.session import User, check_csrf, flash, sign_in, sign_out
+from registry.errors import Conflict, InvalidInput, PermissionDenied
+
+FormField = Annotated[str, Form()]
+OptionalField = Annotated[str | None, Form()]
+
+
+def action_router(dash: Dashboard) -> APIRouter:
+    router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
+    SignedIn = Annotated[User, Depends(dash.user)]
+    reg = dash.registry
+
+    @router.get("/login")
+    def login_form(request: Request, next: str = "/tasks") -> Response:
+        if not dash.require_auth:
+            return _redirect(_local(next))
+        return render(request, "login.html", next=_local(next), error=None)
+
+    @router.post("/login")
+    def login(
+        request: Request, csrf_token: FormField = "", api_key: FormField = "", next: FormField = ""
+    ) -> Response:
+        check_csrf(request, csrf_token)
+        try:
+            key = reg.authenticate(api_key.strip())
+        except PermissionDenied as exc:  # unknown, malformed or revoked: not authenticated
+            return render(request, "login.html", 401, next=_local(next), error=str(exc))
+        try:
+            sign_in(request, key)
+        except PermissionDenied as exc:  # a real key, but not one for people (caller only)
+            return render(request, "login.html", 403, next=_local(next), error=str(exc))
+        return _redirect(_local(next))
+
+    @router.post("/logout")
+    def logout(request: Request, csrf_token: FormField = "") -> Response:
+        check_csrf(request, csrf_token)
+        sign_out(request)
+        return _redirect("/login")
+
+    @router.post("/tasks/{task}/promote/{candidate}")
+    def promote(
+        request: Request,
+        task: str,
+        candidate: str,
+        user: SignedIn,
+        csrf_token: FormField = "",
+        expected_champion: OptionalField = None,
+        reason: FormField = "",
+        override: FormField = "",
+    ) -> Response:
+        check_csrf(request, csrf_token)
+        expected = _expected(expected_champion)
+        try:
+            done = dash.acting(user).promote(
+                task,
+                candidate,
+                reason=reason.strip(),
+                override=bool(override),
+                expected_champion=expected,
+            )
+        except Conflict as exc:
+            return _after_conflict(request, task, candidate, exc)
+        except InvalidInput as exc:  # the rule is not met, or an override without a reason
+            flash(request, "error", f"Not promoted: {exc}")
+            return _redirect(f"/tasks/{_q(task)}/promote/{_q(candidate)}")
+        flash(
+            request,
+            "ok",
+            f"Promoted {done.candidate} to champion of {task} (placement epoch {done.epoch}); "
+            "the fleet picks it up within seconds — watch the Fleet page.",
+        )
+        return _redirect(f"/tasks/{_q(task)}")
+
+    @router.post("/tasks/{task}/rollback")
+    def rollback(
+        request: Request,
+        task: str,
+        user: SignedIn,
+        csrf_token: FormField = "",
+        expected_champion: OptionalField = None,
+        reason: FormField = "",
+    ) -> Response:
+        check_csrf(request, csrf_token)
+        expected = _expected(expected_champion)
+        try:
+            done = dash.acting(user).rollback(
+                task, reason=reason.strip(), expected_champion=expected
+            )
+        except (Conflict, InvalidInput) as exc:  # stale form, or no previous champion
+            flash(request, "error", f"Nothing rolled back: {exc}")
+            return _redirect(f"/tasks/{_q(task)}")
+        flash(
+            request,
+            "ok",
+            f"Rolled {task} back to {done.candidate} (placement epoch {done.epoch}).",
+        )
+        return _redirect(f"/tasks/{_q(task)}")
+
+    def _after_conflict(request: Request, task: str, candidate: str, exc: Conflict) -> Response:
+        now = reg.champion(task)
+        if now is not None and now.name == candidate:
+            # Typically a double click: the first submit promoted it, the second found it done.
+            flash(
+                request, "info", f"{candidate} is already the champion; nothing more was changed."
+            )
+        else:
+            flash(request, "error", f"Not promoted: {exc}")
+        return _redirect(f"/tasks/{_q(task)}")
+
+    return router
+
+
+def _expected(field: str | None) -> str | None:
+    """The champion the form saw ('' = none). A form without the field is refused: it cannot
+    prove it is not stale."""
+    if field is None:
+        raise InvalidInput("this form does not say which champion it saw; reload the page")
+    return field or None
+
+
+def _local(target: str) -> str:
+    # Only same-site paths: an attacker must not turn the login page into an open redirect.
+    return target if target.startswith("/") and not target.startswith("//") else "/tasks"
+
+
+def _q(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _redirect(url: str) -> Response:
+    return RedirectResponse(url, status_code=303)

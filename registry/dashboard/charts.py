@@ -1,0 +1,75 @@
+"""Server-rendered SVG charts: no JavaScript, no CDN (the dashboard must work offline)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from markupsafe import Markup
+
+from registry.dashboard.views import Standing
+
+WIDTH = 720
+LABEL_W = 230
+VALUE_W = 150
+ROW_H = 30
+TOP = 34
+BOTTOM = 26
+
+
+def leaderboard_chart(standings: list[Standing], *, metric: str, margin: float) -> Markup:
+    """Main metric with its 95% CI per candidate; the champion's score plus the task's margin
+    is drawn as the bar a challenger has to clear."""
+    rows = [s for s in standings if s.score is not None]
+    if not rows:
+        return Markup('<p class="muted">No eval runs yet: nothing to chart.</p>')
+    champion = next((s for s in rows if s.is_champion), None)
+    bar = champion.score + margin if champion and champion.score is not None else None
+    lows = [s.ci[0] if s.ci else s.score for s in rows]
+    highs = [s.ci[1] if s.ci else s.score for s in rows]
+    lo = min([v for v in lows if v is not None] + ([bar] if bar is not None else []))
+    hi = max([v for v in highs if v is not None] + ([bar] if bar is not None else []))
+    pad = max((hi - lo) * 0.08, 0.005)
+    lo, hi = max(0.0, lo - pad), hi + pad
+    plot_w = WIDTH - LABEL_W - VALUE_W
+    height = TOP + ROW_H * len(rows) + BOTTOM
+
+    def x(value: float) -> float:
+        return LABEL_W + (value - lo) / (hi - lo) * plot_w
+
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
+        f'height="{height}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(metric)} with 95% confidence intervals</title>",
+        f'<text x="{LABEL_W}" y="14" class="axis-title">{escape(metric)} (95% CI)</text>',
+    ]
+    for i in range(5):
+        value = lo + (hi - lo) * i / 4
+        gx = x(value)
+        parts.append(
+            f'<line x1="{gx:.1f}" y1="{TOP - 6}" x2="{gx:.1f}" y2="{height - BOTTOM}" '
+            'class="grid"/>'
+            f'<text x="{gx:.1f}" y="{height - 8}" class="tick">{value:.3f}</text>'
+        )
+    if bar is not None:
+        bx = x(bar)
+        parts.append(
+            f'<line x1="{bx:.1f}" y1="{TOP - 10}" x2="{bx:.1f}" y2="{height - BOTTOM}" '
+            f'class="bar-to-beat"/><text x="{bx + 4:.1f}" y="{TOP - 12}" class="bar-label">'
+            f"champion + margin {bar:.3f}</text>"
+        )
+    for row, s in enumerate(rows):
+        assert s.score is not None
+        y = TOP + ROW_H * row + ROW_H / 2
+        cls = "champion" if s.is_champion else ("passes" if s.check and s.check.passes else "other")
+        ci_lo, ci_hi = s.ci if s.ci else (s.score, s.score)
+        name = s.candidate.name if len(s.candidate.name) <= 30 else s.candidate.name[:29] + "…"
+        parts.append(
+            f'<g class="row {cls}"><text x="{LABEL_W - 10}" y="{y + 4:.1f}" class="label">'
+            f"{escape(name)}</text>"
+            f'<line x1="{x(ci_lo):.1f}" y1="{y:.1f}" x2="{x(ci_hi):.1f}" y2="{y:.1f}" class="ci"/>'
+            f'<circle cx="{x(s.score):.1f}" cy="{y:.1f}" r="5" class="dot"/>'
+            f'<text x="{WIDTH - VALUE_W + 10}" y="{y + 4:.1f}" class="value">{s.score:.4f} '
+            f"[{ci_lo:.3f}, {ci_hi:.3f}]</text></g>"
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

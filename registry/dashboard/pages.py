@@ -1,0 +1,92 @@
+"""The dashboard's pages (GET): tasks, one task, one candidate, confirmations, the fleet."""
+
+# No `from __future__ import annotations`: FastAPI resolves the `Annotated` dependencies below
+# at runtime.
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import RedirectResponse, Response
+
+from registry.dashboard.charts import leaderboard_chart
+from registry.dashboard.context import Dashboard
+from registry.dashboard.rendering import DashboardRoute, render
+from registry.dashboard.session import User
+from registry.dashboard.views import fleet_page, lineage_tree, task_page, task_summaries
+from registry.errors import PermissionDenied
+
+
+def page_router(dash: Dashboard) -> APIRouter:
+    router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
+    SignedIn = Annotated[User, Depends(dash.user)]
+    reg = dash.registry
+
+    @router.get("/")
+    def home() -> Response:
+        return RedirectResponse("/tasks", status_code=303)
+
+    @router.get("/tasks")
+    def tasks(request: Request, user: SignedIn) -> Response:
+        return render(request, "tasks.html", summaries=task_summaries(reg))
+
+    @router.get("/tasks/{task}")
+    def task(request: Request, task: str, user: SignedIn) -> Response:
+        page = task_page(reg, task)
+        chart = leaderboard_chart(page.standings, metric=page.main_metric, margin=page.task.margin)
+        return render(request, "task.html", page=page, chart=chart)
+
+    @router.get("/tasks/{task}/candidates/{candidate}")
+    def candidate(request: Request, task: str, candidate: str, user: SignedIn) -> Response:
+        cand = reg.get_candidate(task, candidate)
+        champ = reg.champion(task)
+        is_champion = champ is not None and champ.id == cand.id
+        return render(
+            request,
+            "candidate.html",
+            task=reg.get_task(task),
+            cand=cand,
+            champion=champ,
+            is_champion=is_champion,
+            check=None if is_champion else reg.check_promotion(task, candidate),
+            runs=reg.list_eval_runs(task, candidate),
+            adapter=reg.get_adapter(cand.adapter) if cand.adapter else None,
+            tree=lineage_tree(reg, cand),
+        )
+
+    @router.get("/tasks/{task}/promote/{candidate}")
+    def confirm_promote(request: Request, task: str, candidate: str, user: SignedIn) -> Response:
+        _require_promoter(user)
+        champ = reg.champion(task)
+        return render(
+            request,
+            "confirm_promote.html",
+            task=reg.get_task(task),
+            cand=reg.get_candidate(task, candidate),
+            champion=champ,
+            check=reg.check_promotion(task, candidate),
+            run=reg.latest_eval_run(task, candidate),
+            champion_run=reg.latest_eval_run(task, champ.name) if champ else None,
+        )
+
+    @router.get("/tasks/{task}/rollback")
+    def confirm_rollback(request: Request, task: str, user: SignedIn) -> Response:
+        _require_promoter(user)
+        history = reg.list_promotions(task)
+        return render(
+            request,
+            "confirm_rollback.html",
+            task=reg.get_task(task),
+            last=history[0] if history else None,
+        )
+
+    @router.get("/fleet")
+    def fleet(request: Request, user: SignedIn) -> Response:
+        return render(
+            request, "fleet.html", fleet=fleet_page(reg, stale_after_s=dash.stale_after_s)
+        )
+
+    return router
+
+
+def _require_promoter(user: User) -> None:
+    if not user.can_promote:
+        raise PermissionDenied("promoting and rolling back need the promoter or admin role")

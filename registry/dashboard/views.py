@@ -1,0 +1,200 @@
+"""What each dashboard page shows, assembled from the registry service (no HTML here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from registry import entities as e
+from registry.service import Registry
+
+# Lineage trees are small in practice; the cap keeps a pathological DAG from drawing forever.
+MAX_TREE_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One row of a task's leaderboard: a candidate, its latest eval run and the rule's verdict."""
+
+    candidate: e.Candidate
+    run: e.EvalRun | None
+    check: e.PromotionCheck | None  # None for the champion
+    is_champion: bool
+
+    @property
+    def score(self) -> float | None:
+        return self.run.main_score if self.run else None
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        return self.run.ci.get(self.run.main_metric) if self.run else None
+
+    @property
+    def items_per_s(self) -> float | None:
+        return self.run.cost.get("items_per_s") if self.run else None
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    task: e.Task
+    champion: e.Candidate | None
+    champion_run: e.EvalRun | None
+    candidates: int
+    placement: e.PlacementStatus | None
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    task: e.Task
+    champion: e.Candidate | None
+    standings: list[Standing]
+    history: list[e.Promotion]
+    placement: e.PlacementStatus | None
+
+    @property
+    def can_roll_back(self) -> bool:
+        return bool(self.history) and self.history[0].previous_candidate is not None
+
+    @property
+    def main_metric(self) -> str:
+        return next((s.run.main_metric for s in self.standings if s.run), "score")
+
+
+def task_summaries(reg: Registry) -> list[TaskSummary]:
+    status = {p.task: p for p in reg.placement_status()}
+    summaries = []
+    for task in reg.list_tasks():
+        champ = reg.champion(task.name)
+        run = reg.latest_eval_run(task.name, champ.name) if champ else None
+        summaries.append(
+            TaskSummary(
+                task, champ, run, len(reg.list_candidates(task.name)), status.get(task.name)
+            )
+        )
+    return summaries
+
+
+def task_page(reg: Registry, task: str) -> TaskPage:
+    info = reg.get_task(task)
+    champ = reg.champion(task)
+    standings = []
+    for cand in reg.list_candidates(task):
+        is_champ = champ is not None and cand.id == champ.id
+        check = None if is_champ else reg.check_promotion(task, cand.name)
+        standings.append(Standing(cand, reg.latest_eval_run(task, cand.name), check, is_champ))
+    # Champion first, then the best-scoring challengers; never-evaluated candidates last.
+    standings.sort(key=lambda s: (not s.is_champion, s.score is None, -(s.score or 0.0)))
+    status = next((p for p in reg.placement_status() if p.task == task), None)
+    return TaskPage(info, champ, standings, reg.list_promotions(task), status)
+
+
+# ---- lineage ------------------------------------------------------------------------------
+@dataclass
+class LineageNode:
+    kind: str  # "base" | "adapter"
+    name: str
+    candidate: str | None = None  # the task's candidate for this model (+adapter), if any
+    score: float | None = None
+    current: bool = False  # the node of the candidate being viewed
+    children: list[LineageNode] = field(default_factory=list)
+
+
+def lineage_tree(reg: Registry, candidate: e.Candidate) -> LineageNode | None:
+    """base -> ancestors -> adapter -> descendants, each scored on this candidate's task."""
+    if candidate.base_model is None:
+        return None  # a lexical baseline has no model lineage
+    return _LineageBuilder(reg, candidate).build()
+
+
+class _LineageBuilder:
+    def __init__(self, reg: Registry, candidate: e.Candidate) -> None:
+        self.reg = reg
+        self.candidate = candidate
+        self.base = candidate.base_model or ""
+        self.scores = _scores_by_pairing(reg, candidate.task)
+
+    def build(self) -> LineageNode:
+        root = self.node("base", self.base, None)
+        if self.candidate.adapter is None:
+            # A plain base model: show the adapters trained directly on it.
+            top = [a for a in self.reg.list_adapters(self.base) if a.parent is None]
+            root.children = [self.descendants(a.name, 1) for a in top]
+            return root
+        tip = root
+        chain = self.reg.lineage(self.candidate.adapter)
+        for ancestor in chain[:-1]:
+            child = self.node("adapter", ancestor.name, ancestor.name)
+            tip.children.append(child)
+            tip = child
+        tip.children.append(self.descendants(chain[-1].name, len(chain)))
+        return root
+
+    def node(self, kind: str, name: str, adapter: str | None) -> LineageNode:
+        cand, score = self.scores.get((self.base, adapter), (None, None))
+        return LineageNode(kind, name, cand, score, current=adapter == self.candidate.adapter)
+
+    def descendants(self, adapter: str, depth: int) -> LineageNode:
+        here = self.node("adapter", adapter, adapter)
+        if depth < MAX_TREE_DEPTH:
+            here.children = [
+                self.descendants(c.name, depth + 1) for c in self.reg.children(adapter)
+            ]
+        return here
+
+
+def _scores_by_pairing(
+    reg: Registry, task: str
+) -> dict[tuple[str, str | None], tuple[str, float | None]]:
+    found: dict[tuple[str, str | None], tuple[str, float | None]] = {}
+    for cand in reg.list_candidates(task):
+        if cand.base_model is None:
+            continue
+        run = reg.latest_eval_run(task, cand.name)
+        found[(cand.base_model, cand.adapter)] = (cand.name, run.main_score if run else None)
+    return found
+
+
+# ---- fleet --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerView:
+    worker: e.Worker
+    age_s: float  # since the watcher last recorded a heartbeat of it
+    recent: bool
+
+    @property
+    def memory_fraction(self) -> float:
+        budget = self.worker.memory_budget
+        return min(1.0, self.worker.memory_used / budget) if budget else 0.0
+
+
+@dataclass(frozen=True)
+class FleetPage:
+    workers: list[WorkerView]
+    placements: list[e.PlacementStatus]
+    stale_after_s: float
+    now: datetime
+
+    @property
+    def unreachable(self) -> bool:
+        """No recent heartbeat from any worker: NATS, the watcher or every worker is down."""
+        return not any(w.recent for w in self.workers)
+
+    def queue_depth(self, task: str) -> int:
+        return sum(w.worker.queue_depth.get(task, 0) for w in self.workers if w.recent)
+
+    @property
+    def tasks(self) -> list[str]:
+        """Every task the fleet has heard of: placed, or queued on some worker."""
+        names = {p.task for p in self.placements}
+        for w in self.workers:
+            names.update(w.worker.queue_depth)
+        return sorted(names)
+
+
+def fleet_page(reg: Registry, *, stale_after_s: float, now: datetime | None = None) -> FleetPage:
+    now = now or datetime.now(UTC)
+    views = []
+    for worker in reg.list_workers():
+        age = (now - worker.seen_at).total_seconds()
+        views.append(WorkerView(worker, age, worker.reachable and age <= stale_after_s))
+    return FleetPage(views, reg.placement_status(), stale_after_s, now)
