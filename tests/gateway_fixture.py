@@ -127,7 +127,9 @@ class Responder:
     _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._nc = await nats.connect(self.nats_url)
+        self._nc = await nats.connect(
+            self.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+        )
         js = self._nc.jetstream()
         layout = await nats_layout.ensure_layout(js, [self.task])
         await beat(layout, f"peer-{self.task}", self.task)
@@ -138,10 +140,17 @@ class Responder:
 
     async def _serve(self, js: JetStreamContext, layout: nats_layout.Layout, sub: Any) -> None:
         assert self._nc is not None
+        last_beat = time.monotonic()
         while True:
             try:
+                if time.monotonic() - last_beat > 2:
+                    await beat(layout, f"peer-{self.task}", self.task)
+                    last_beat = time.monotonic()
                 messages = await sub.fetch(1, timeout=0.5)
             except nats.errors.TimeoutError:
+                continue
+            except nats.errors.Error:  # NATS restarting: the client reconnects by itself
+                await asyncio.sleep(0.2)
                 continue
             for msg in messages:
                 headers = dict(msg.headers or {})

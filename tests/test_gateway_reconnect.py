@@ -1,0 +1,57 @@
+"""The gateway when NATS goes away and comes back: 503s meanwhile, then serving again."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serving.embedded_nats import EmbeddedNats
+from serving.gateway import GatewaySettings
+from tests.gateway_fixture import expected_embedding, gateway_stack
+from tests.nats_fixture import nats_available
+
+
+def wait_for_status(url: str, status: int, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{url}/readyz").status_code != status:
+        assert time.monotonic() < deadline, f"/readyz never answered {status}"
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not nats_available(), reason="nats-server binary not installed")
+def test_gateway_survives_a_nats_restart(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    settings = GatewaySettings(require_auth=False, workers_refresh_s=0, default_timeout_s=10)
+    try:
+        with gateway_stack(server.url, tmp_path / "gw", settings) as stack:
+            task = stack.task()
+            peer = stack.responder(task)
+            try:
+                first = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]})
+                assert first.json()["embeddings"] == [expected_embedding("before", "query")]
+
+                server.stop()
+                wait_for_status(stack.url, 503)
+                down = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["x"]})
+                assert down.status_code == 503
+                assert down.json()["error"]["code"] == "QUEUE_UNAVAILABLE"
+                assert int(down.headers["Retry-After"]) > 0
+
+                server.start()  # same port, same store: the queue and buckets survive
+                wait_for_status(stack.url, 200)
+                deadline = time.monotonic() + 20
+                while True:
+                    again = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["after"]})
+                    if again.status_code == 200 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)  # the peer's heartbeat may lag the gateway's reconnect
+                assert again.status_code == 200, again.text
+                assert again.json()["embeddings"] == [expected_embedding("after", "query")]
+            finally:
+                stack.loop.run(peer.stop())
+    finally:
+        server.cleanup()
