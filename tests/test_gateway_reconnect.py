@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.embedded_nats import EmbeddedNats
-from serving.gateway import GatewaySettings
-from tests.gateway_fixture import expected_embedding, gateway_stack
+from serving.embedded_nats import EmbeddedNats, free_port
+from serving.gateway import GatewaySettings, create_gateway
+from tests.gateway_fixture import expected_embedding, gateway_stack, open_registry, serve_app
 from tests.nats_fixture import nats_available
 
 
@@ -55,3 +55,21 @@ def test_gateway_survives_a_nats_restart(tmp_path: Path) -> None:
                 stack.loop.run(peer.stop())
     finally:
         server.cleanup()
+
+
+@pytest.mark.skipif(not nats_available(), reason="nats-server binary not installed")
+def test_gateway_started_before_nats_becomes_ready_when_it_comes_up(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats", port=free_port())
+    registry = open_registry(tmp_path)
+    try:
+        app = create_gateway(registry, server.url, GatewaySettings(require_auth=False))
+        with serve_app(app) as url:
+            assert httpx.get(f"{url}/healthz").status_code == 200
+            not_ready = httpx.get(f"{url}/readyz")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["error"]["code"] == "NOT_READY"
+            server.start()
+            wait_for_status(url, 200)
+    finally:
+        server.cleanup()
+        registry.close()
