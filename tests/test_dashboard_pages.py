@@ -143,7 +143,7 @@ def test_login_roles_and_logout(seeded: Registry) -> None:
         follow_redirects=False,
     )
     assert r.headers["location"] == "/tasks"  # no open redirect off the site
-    assert "tfk_" not in client.cookies.get("taskfleet_session", "")
+    assert "tfk_" not in (client.cookies.get("taskfleet_session") or "")
 
     tasks = client.get("/tasks")
     assert tasks.status_code == 200

@@ -1,0 +1,70 @@
+"""CLI verbs for promotion: promote a challenger, roll back, read a task's promotion history.
+
+The lead wires them as top-level commands (`taskfleet promote|rollback|promotions`). Desired vs
+reported placement epochs are `taskfleet placement ls` (taskfleet/cli_fleet.py).
+Local CLI users hold the database itself, so the registry lets them act as admin.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from taskfleet.context import open_registry
+
+out = Console()
+
+
+def promote(
+    task: str = typer.Argument(..., help="Task name."),
+    candidate: str = typer.Argument(..., help="The challenger to make champion."),
+    reason: str = typer.Option("", "--reason", help="Why (recorded in the promotion history)."),
+    override: bool = typer.Option(
+        False, "--override", help="Promote although the rule is not met (admin; needs --reason)."
+    ),
+) -> None:
+    """Make CANDIDATE the champion of TASK if the promotion rule allows it."""
+    reg = open_registry()
+    check = reg.check_promotion(task, candidate)
+    out.print(
+        f"rule: {'[green]passes[/green]' if check.passes else '[yellow]not met[/yellow]'} - "
+        f"{check.reason}",
+        highlight=False,
+    )
+    done = reg.promote(task, candidate, reason=reason, override=override)
+    was = f" (was {done.previous_candidate})" if done.previous_candidate else ""
+    out.print(
+        f"promoted [bold]{done.candidate}[/bold] to champion of {task}{was}; "
+        f"placement epoch {done.epoch}. Watch the fleet converge: taskfleet placement ls",
+        highlight=False,
+    )
+
+
+def rollback(
+    task: str = typer.Argument(..., help="Task name."),
+    reason: str = typer.Option("", "--reason", help="Why (recorded in the promotion history)."),
+) -> None:
+    """Return TASK to the champion it had before the current one."""
+    done = open_registry().rollback(task, reason=reason)
+    out.print(
+        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold]; "
+        f"placement epoch {done.epoch}",
+        highlight=False,
+    )
+
+
+def promotions(task: str = typer.Argument(..., help="Task name.")) -> None:
+    """The promotion history of TASK, newest first: who, when, why, which epoch."""
+    table = Table("when (UTC)", "kind", "from", "to", "who", "epoch", "why")
+    for p in open_registry().list_promotions(task):
+        table.add_row(
+            p.created_at.strftime("%Y-%m-%d %H:%M"),
+            p.kind,
+            p.previous_candidate or "-",
+            p.candidate,
+            p.actor,
+            str(p.epoch),
+            p.reason,
+        )
+    out.print(table)
