@@ -10,6 +10,7 @@ before every check passed, so a rejected request never reaches the queue.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,8 @@ from serving.gateway.errors import (
 )
 from serving.gateway.metrics import UNKNOWN_TASK_LABEL, GatewayMetrics
 from serving.protocol import ReplyOk
+
+log = logging.getLogger(__name__)
 
 # Roles whose keys may call tasks: `caller` keys exist for applications; `admin` can do anything.
 CALL_ROLES = frozenset({"caller", "admin"})
@@ -174,6 +177,11 @@ def create_gateway(
             response = await handler()
         except GatewayError as exc:
             response = error_response(exc)
+        except Exception:
+            # A bug or an unforeseen failure still answers in the one error shape; the
+            # traceback goes to the log, not to the caller.
+            log.exception("unexpected failure while serving a request")
+            response = error_response(GatewayError("internal gateway error; see its log"))
         metrics.observe(outcome.task, response.status_code, time.perf_counter() - started)
         return response
 

@@ -226,13 +226,21 @@ class Dispatcher:
         try:
             inputs: list[str] | PayloadRef = request.inputs
             packed_inputs = pack(request.inputs)
-            if len(packed_inputs) > self.settings.inline_limit_bytes:
-                await layout.payloads.put(request_id, packed_inputs)
-                offloaded = True
-                self.metrics.offloaded_payloads.inc()
-                inputs = PayloadRef(ref=request_id)
+            try:
+                if len(packed_inputs) > self.settings.inline_limit_bytes:
+                    # Set first: a put that fails halfway still leaves chunks to delete.
+                    offloaded = True
+                    await layout.payloads.put(request_id, packed_inputs)
+                    self.metrics.offloaded_payloads.inc()
+                    inputs = PayloadRef(ref=request_id)
+                await self._ensure_consumer(js, task)
+            except (nats.errors.Error, TimeoutError) as exc:
+                raise Unavailable(
+                    f"NATS did not take the request: {exc}",
+                    code="QUEUE_UNAVAILABLE",
+                    retry_after_s=self.settings.retry_after_s,
+                ) from exc
             payload = pack(QueuePayload(task=task, kind=request.kind, inputs=inputs))
-            await self._ensure_consumer(js, task)
             await self._publish(js, nats_layout.task_subject(task), payload, headers, deadline)
             try:
                 reply = await asyncio.wait_for(
