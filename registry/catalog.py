@@ -18,14 +18,19 @@ from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, Ta
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.
 CANDIDATE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
+# A task name is a NATS subject token (tasks.<task>) and a consumer name, so no '.'.
+TASK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
+_PATTERNS = {
+    "candidate": (CANDIDATE_NAME_RE, "'.', '_', '+' or '-'"),
+    "task": (TASK_NAME_RE, "'_' or '-'"),
+}
 TASK_KINDS = ("retrieval",)
 CANDIDATE_KINDS = ("embedding", "bm25")
 
 
 def check_name(kind: str, name: str) -> str:
-    pattern = CANDIDATE_NAME_RE if kind == "candidate" else NAME_RE
+    pattern, allowed = _PATTERNS.get(kind, (NAME_RE, "'.', '_' or '-'"))
     if not pattern.fullmatch(name):
-        allowed = "'.', '_', '+' or '-'" if kind == "candidate" else "'.', '_' or '-'"
         raise InvalidInput(
             f"invalid {kind} name {name!r}: use lowercase letters, digits, {allowed} "
             "(starting with a letter or digit, at most 128 characters)"

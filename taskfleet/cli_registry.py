@@ -109,7 +109,12 @@ def model_ls() -> None:
     for m in open_registry().list_models():
         source = f"package {m.package}" if m.package else (m.path or "-")
         table.add_row(
-            m.name, _short(m.sha256), str(m.dims), str(m.max_seq_length), f"{m.size_bytes:,}", source
+            m.name,
+            _short(m.sha256),
+            str(m.dims),
+            str(m.max_seq_length),
+            f"{m.size_bytes:,}",
+            source,
         )
     out.print(table)
 
@@ -301,7 +306,11 @@ def key_ls() -> None:
     table = Table("name", "prefix", "roles", "tasks", "revoked")
     for k in open_registry().list_api_keys():
         table.add_row(
-            k.name, k.prefix, ",".join(k.roles), ",".join(k.tasks) or "*", "yes" if k.revoked_at else ""
+            k.name,
+            k.prefix,
+            ",".join(k.roles),
+            ",".join(k.tasks) or "*",
+            "yes" if k.revoked_at else "",
         )
     out.print(table)
 

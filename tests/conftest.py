@@ -12,8 +12,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from registry import Registry  # noqa: E402
-from tests.pg import PostgresServer  # noqa: E402
+from registry import Registry
+from tests.pg import PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -46,6 +46,15 @@ def registry(db_url: str, tmp_path: Path) -> Iterator[Registry]:
         yield reg
     finally:
         reg.close()
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real nats-server (JetStream) for the whole test session."""
+    from tests.nats_fixture import running_nats
+
+    with running_nats(tmp_path_factory.mktemp("nats")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -56,13 +56,26 @@ def test_model_add_fingerprint_duplicate_and_lineage(
     r = run_cli(home, db_url, "adapter", "lineage", "child")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    order = [next(i for i, line in enumerate(lines) if word in line) for word in
-             ("minilm (base", "root", "child", "grandchild")]
+    order = [
+        next(i for i, line in enumerate(lines) if word in line)
+        for word in ("minilm (base", "root", "child", "grandchild")
+    ]
     assert order == sorted(order), r.stdout
     assert sha[:12] in r.stdout
 
-    r = run_cli(home, db_url, "adapter", "register", "bad", "--base", "minilm", "--path",
-                str(make_adapter_dir(tmp_path / "bad", b"b")), "--parent", "nope")
+    r = run_cli(
+        home,
+        db_url,
+        "adapter",
+        "register",
+        "bad",
+        "--base",
+        "minilm",
+        "--path",
+        str(make_adapter_dir(tmp_path / "bad", b"b")),
+        "--parent",
+        "nope",
+    )
     assert r.returncode == 1 and r.stderr.strip() == "error: unknown adapter 'nope'"
 
     r = run_cli(home, db_url, "db", "current")

@@ -78,7 +78,10 @@ def test_refusals_leave_database_unchanged(seeded: Registry, tmp_path: Path) -> 
 
 def test_adapter_lineage_chain_and_base_mismatch(seeded: Registry, tmp_path: Path) -> None:
     root = seeded.register_adapter(
-        "root", base="base-a", source_dir=make_adapter_dir(tmp_path / "r", b"r"), training=training()
+        "root",
+        base="base-a",
+        source_dir=make_adapter_dir(tmp_path / "r", b"r"),
+        training=training(),
     )
     child = seeded.register_adapter(
         "child",
@@ -190,7 +193,7 @@ def test_audit_log_records_every_write(seeded: Registry) -> None:
 
 
 def test_api_keys_hashed_and_scoped(registry: Registry) -> None:
-    key, token = registry.create_api_key("lead", roles=["promoter"], tasks=["legal"])
+    _key, token = registry.create_api_key("lead", roles=["promoter"], tasks=["legal"])
     assert registry.authenticate(token).name == "lead"
     with registry._read() as s:
         from registry.models import ApiKeyRow
