@@ -248,3 +248,24 @@ def compare(reg: Registry, task: str, a: str, b: str) -> Comparison:
     except ValueError as exc:
         raise EvalError(str(exc)) from None
     return Comparison(run_a, run_b, interval, shared)
+
+
+# The documented demo sample: the first DEMO_SAMPLE judged eval queries (queries.jsonl order)
+# against the full corpus, so `make demo` shows real numbers in about a minute on two cores.
+DEMO_SAMPLE = 100
+
+
+def evaluate_sample(
+    reg: Registry,
+    task: str,
+    candidates: list[str],
+    paths: EvalPaths,
+    *,
+    sample: int = DEMO_SAMPLE,
+    progress: ProgressFn = _no_progress,
+) -> dict[str, EvalRun]:
+    """Evaluate several candidates on the same documented sample; each run is recorded."""
+    return {
+        name: run_eval(reg, task, name, paths, sample=sample, progress=progress)
+        for name in candidates
+    }
