@@ -63,7 +63,12 @@ def main() -> None:
     reg.add_model("minilm", package=MODEL_PACKAGE)
     reg.add_candidate(TASK, name="all-minilm-l6-v2", base="minilm")
     reg.add_candidate(TASK, name="bm25", kind="bm25")
-    paths = EvalPaths(cache_dir=home / "cache", mlflow_uri=f"sqlite:///{home / 'mlflow.db'}")
+    data_dir = os.environ.get("TASKFLEET_DATA_DIR")  # same knob as `taskfleet eval run`
+    paths = EvalPaths(
+        cache_dir=home / "cache",
+        mlflow_uri=f"sqlite:///{home / 'mlflow.db'}",
+        data_root=Path(data_dir) if data_dir else None,
+    )
 
     def run(name: str) -> Callable[[], EvalRun]:
         return lambda: run_eval(reg, TASK, name, paths, sample=args.sample)

@@ -146,7 +146,8 @@ def leaderboard_chart(task: str, runs: Mapping[str, ScoredRun], path: Path) -> P
     highs = np.array(
         [r.ci.get(r.main_metric, (v, v))[1] for (_, r), v in zip(ordered, values, strict=True)]
     )
-    speed = [r.cost.get("items_per_s", 0.0) for _, r in ordered]
+    # floor at 0.01 so the log axis can draw a run with no measured cost
+    speed = [max(r.cost.get("items_per_s", 0.0), 0.01) for _, r in ordered]
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(names) + 2.2), squeeze=True)
     y = np.arange(len(names))
