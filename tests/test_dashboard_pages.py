@@ -6,9 +6,10 @@ with leaderboard, chart and rule verdicts, lineage as a tree, and the fleet view
 
 from __future__ import annotations
 
+import base64
 import re
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -51,14 +52,21 @@ def record(
     return run.id
 
 
-def report(reg: Registry, worker: str, epoch: int, *, age_s: float = 0.0, queue: int = 3) -> None:
-    at = datetime.now(UTC) - timedelta(seconds=age_s)
+def report(
+    reg: Registry,
+    worker: str,
+    epoch: int,
+    *,
+    serving: str = CHAMPION,
+    queue: int = 3,
+) -> None:
+    """A heartbeat as the fleet watcher mirrors it: `worker` serves `serving` at `epoch`."""
     reg.record_worker_report(
         WorkerReport(
             worker_id=worker,
             host=f"{worker}.local",
-            reported_at=at,
-            loaded=[f"{CHAMPION}@{epoch}"],
+            reported_at=datetime.now(UTC),
+            loaded=[serving],
             memory_used=3 * 2**30,
             memory_budget=8 * 2**30,
             queue_depth={TASK: queue},
@@ -143,7 +151,10 @@ def test_login_roles_and_logout(seeded: Registry) -> None:
         follow_redirects=False,
     )
     assert r.headers["location"] == "/tasks"  # no open redirect off the site
-    assert "tfk_" not in (client.cookies.get("taskfleet_session") or "")
+    # The cookie is signed, readable JSON: it names the key but never carries its secret.
+    cookie = client.cookies.get("taskfleet_session") or ""
+    payload = base64.b64decode(cookie.split(".")[0] + "==")
+    assert b'"key": "vic"' in payload and viewer.encode() not in payload
 
     tasks = client.get("/tasks")
     assert tasks.status_code == 200
@@ -241,7 +252,7 @@ def test_fleet_view_desired_vs_reported(seeded: Registry) -> None:
     report(seeded, "w2", epoch=1, queue=2)
     page = client.get("/fleet").text
     assert 'id="fleet-unreachable"' not in page
-    assert "3.0 GiB / 8.0 GiB" in page and f"{CHAMPION}@1" in page
+    assert "3.0 GiB / 8.0 GiB" in page and f"<code>{CHAMPION}</code>" in page
     row = re.search(r'<tr data-task="legal">(.*?)</tr>', page, re.S)
     assert row and ">6<" in row.group(1) and "converged" in row.group(1)  # queue 4 + 2
 
@@ -249,7 +260,7 @@ def test_fleet_view_desired_vs_reported(seeded: Registry) -> None:
     row = re.search(r'<tr data-task="legal">(.*?)</tr>', client.get("/fleet").text, re.S)
     assert row and "<b>2</b>" in row.group(1) and "converging 0/1" in row.group(1)
     assert "w1: 1" in row.group(1)
-    report(seeded, "w1", epoch=2)
+    report(seeded, "w1", epoch=2, serving=CHALLENGER)
     row = re.search(r'<tr data-task="legal">(.*?)</tr>', client.get("/fleet").text, re.S)
     assert row and "w1: 2" in row.group(1) and ">converged<" in row.group(1)
 

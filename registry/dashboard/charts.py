@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 from markupsafe import Markup
@@ -42,13 +43,12 @@ def leaderboard_chart(standings: list[Standing], *, metric: str, margin: float) 
         f"<title>{escape(metric)} with 95% confidence intervals</title>",
         f'<text x="{LABEL_W}" y="14" class="axis-title">{escape(metric)} (95% CI)</text>',
     ]
-    for i in range(5):
-        value = lo + (hi - lo) * i / 4
+    for value in _ticks(lo, hi):
         gx = x(value)
         parts.append(
             f'<line x1="{gx:.1f}" y1="{TOP - 6}" x2="{gx:.1f}" y2="{height - BOTTOM}" '
             'class="grid"/>'
-            f'<text x="{gx:.1f}" y="{height - 8}" class="tick">{value:.3f}</text>'
+            f'<text x="{gx:.1f}" y="{height - 8}" class="tick">{value:g}</text>'
         )
     if bar is not None:
         bx = x(bar)
@@ -73,3 +73,13 @@ def leaderboard_chart(standings: list[Standing], *, metric: str, margin: float) 
         )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _ticks(lo: float, hi: float, target: int = 5) -> list[float]:
+    """Round tick values (steps of 1, 2 or 5 times a power of ten) inside [lo, hi]."""
+    raw = (hi - lo) / target
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * 0.7)
+    first = math.ceil(lo / step) * step
+    count = int((hi - first) / step + 1e-9) + 1
+    return [round(first + i * step, 10) for i in range(count)]

@@ -1,0 +1,155 @@
+"""The dashboard in a real browser (Debian's chromium via Playwright) against a real control
+plane (uvicorn on a free port) over a real SQLite registry.
+
+Walks what an ML lead does: log in, read the leaderboard, promote a challenger (confirm +
+reason), watch the fleet converge on the new epoch, roll back; a viewer sees no Promote button
+and a forged POST is refused. Screenshots of each page land in reports/dashboard/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, expect, sync_playwright
+
+from registry import Registry
+from registry.api import create_app
+from tests.conftest import REPO
+from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, report, seed_fleet
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = REPO / "reports" / "dashboard"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None, reason=f"needs Debian's chromium at {CHROMIUM}"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def control_plane(tmp_path: Path) -> Iterator[tuple[str, Registry]]:
+    reg = Registry.open(
+        f"sqlite:///{tmp_path / 'registry.db'}", artifact_dir=tmp_path / "artifacts", actor="cli"
+    )
+    seed_fleet(reg, tmp_path)
+    report(reg, "gpu-worker-1", epoch=1, queue=4)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(reg), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "control plane did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", reg
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        reg.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def test_promote_watch_fleet_and_roll_back(
+    control_plane: tuple[str, Registry], browser: Browser
+) -> None:
+    base, reg = control_plane
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    _, promoter_key = reg.create_api_key("lena", roles=["promoter"])
+    _, viewer_key = reg.create_api_key("vic", roles=["viewer"])
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{base}/tasks/{TASK}")
+    expect(page).to_have_url(f"{base}/login?next=/tasks/{TASK}")
+    page.screenshot(path=str(SHOTS / "login.png"))
+    page.fill("#api_key", promoter_key)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(f"{base}/tasks/{TASK}")  # back where the user was going
+
+    page.goto(f"{base}/tasks")
+    expect(page.locator("table.grid")).to_contain_text(CHAMPION)
+    page.screenshot(path=str(SHOTS / "tasks.png"), full_page=True)
+
+    page.click(f"text={TASK}")
+    rows = page.locator("table.leaderboard tbody tr")
+    expect(rows.first).to_contain_text("champion")
+    expect(rows.nth(1)).to_contain_text(CHALLENGER)
+    expect(rows.nth(1)).to_contain_text("passes")
+    expect(page.locator("svg.chart")).to_be_visible()
+
+    page.click(f"tr[data-candidate='{CHALLENGER}'] td a >> nth=0")
+    expect(page.locator("ul.tree .node.current")).to_contain_text("ft-v2")
+    page.screenshot(path=str(SHOTS / "candidate.png"), full_page=True)
+
+    # Promote: the button leads to a confirmation with the rule's verdict and a reason.
+    page.goto(f"{base}/tasks/{TASK}")
+    page.click(f"tr[data-candidate='{CHALLENGER}'] >> text=Promote…")
+    expect(page.locator("h1")).to_have_text(f"Promote {CHALLENGER}?")
+    page.fill("#reason", "ft-v2 beats ft-v1 by 0.09 nDCG@10")
+    page.dblclick("#confirm")  # an impatient double click still promotes once
+    expect(page.locator(".flash.ok")).to_contain_text("placement epoch 2")
+    expect(page.locator("table.history tbody tr").first).to_contain_text("key:lena")
+    assert [p.candidate for p in reg.list_promotions(TASK)] == [CHALLENGER, CHAMPION]
+
+    # The fleet view shows desired epoch 2, reported 1, until the worker catches up.
+    page.goto(f"{base}/fleet")
+    status = page.locator(f"tr[data-task='{TASK}'] td.status")
+    expect(status).to_contain_text("converging 0/1")
+    report(
+        reg, "gpu-worker-1", epoch=2, serving=CHALLENGER, queue=1
+    )  # the worker loaded the new champion
+    expect(status).to_have_text("converged", timeout=10_000)  # the page refreshes itself
+    page.screenshot(path=str(SHOTS / "fleet.png"), full_page=True)
+
+    page.goto(f"{base}/tasks/{TASK}")
+    page.click("#rollback")
+    page.fill("#reason", "p99 latency regression")
+    page.click("#confirm")
+    expect(page.locator(".flash.ok")).to_contain_text(f"back to {CHAMPION} (placement epoch 3)")
+    assert reg.champion(TASK).name == CHAMPION  # type: ignore[union-attr]
+    page.screenshot(path=str(SHOTS / "task.png"), full_page=True)  # with the whole history
+
+    # A viewer: no Promote or Roll back, and a forged POST from its session is refused.
+    viewer = browser.new_page()
+    viewer.goto(f"{base}/login")
+    viewer.fill("#api_key", viewer_key)
+    viewer.click("button[type=submit]")
+    viewer.goto(f"{base}/tasks/{TASK}")
+    expect(viewer.locator("table.leaderboard")).to_contain_text(CHALLENGER)
+    expect(viewer.locator("text=Promote…")).to_have_count(0)
+    expect(viewer.locator("#rollback")).to_have_count(0)
+    forged = viewer.request.post(
+        f"{base}/tasks/{TASK}/promote/{CHALLENGER}",
+        form={"expected_champion": CHAMPION, "reason": "forged"},
+    )
+    assert forged.status == 403 and "CSRF_REFUSED" in forged.text()
+    token = viewer.locator("input[name=csrf_token]").first.input_value()
+    direct = viewer.request.post(
+        f"{base}/tasks/{TASK}/promote/{CHALLENGER}",
+        form={"csrf_token": token, "expected_champion": CHAMPION, "reason": "forged"},
+    )
+    assert direct.status == 403 and "FORBIDDEN" in direct.text()
+    assert len(reg.list_promotions(TASK)) == 3
