@@ -1,0 +1,219 @@
+"""`taskfleet finetune lora`: check everything, train, register with lineage, evaluate.
+
+Order matters for what a failure leaves behind. Every check that can fail cheaply (task, suite,
+split, base, parent, adapter name) runs before training; the adapter is written to a temporary
+folder and registered only after training finished, so an interrupted or failed run registers
+nothing and leaves no half-written adapter. The eval runs after registration: a failed eval
+leaves a registered, unevaluated adapter that `taskfleet eval` can score later.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from evals.suites import get_suite
+from finetune.config import LoraHyperparameters
+from finetune.data import TrainingPairs, load_training_pairs
+from finetune.errors import TrainingInterrupted
+from finetune.job import train_adapter
+from finetune.tracking import TrainingRun
+from finetune.trainer import StepCallback, TrainingResult
+from registry import Registry
+from registry.entities import Adapter, Candidate, EvalRun, TrainingRecord
+from registry.errors import AlreadyExists, LineageError, NotFound
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class FinetuneRequest:
+    task: str
+    base: str
+    hyperparameters: LoraHyperparameters = field(default_factory=LoraHyperparameters)
+    parent: str | None = None
+    name: str | None = None
+    split: str | None = None  # default: the suite's declared training split
+    evaluate: bool = True
+    data_root: Path | None = None  # where suites' data lives (default ../shared/data)
+    suite_location: Path | None = None  # overrides the suite's own data folder
+    eval_sample: int | None = None  # score only the first N test queries
+
+
+@dataclass(frozen=True)
+class FinetuneOutcome:
+    adapter: Adapter
+    candidate: Candidate
+    training: TrainingResult
+    data: TrainingPairs
+    eval_run: EvalRun | None
+    mlflow_run_id: str | None
+
+
+# (phase, detail) for the CLI: "data", "train", "register", "evaluate".
+PhaseCallback = Callable[[str, str], None]
+
+
+def finetune_lora(
+    reg: Registry,
+    request: FinetuneRequest,
+    *,
+    tracking_uri: str | None = None,
+    cache_dir: Path | None = None,
+    on_step: StepCallback | None = None,
+    on_phase: PhaseCallback | None = None,
+) -> FinetuneOutcome:
+    phase = on_phase or (lambda _phase, _detail: None)
+    hp = request.hyperparameters
+    task = reg.get_task(request.task)
+    suite = get_suite(task.suite, location=request.suite_location)
+    model = reg.get_model(request.base)
+    base_path = reg.model_path(model.name)
+    parent_path = _check_parent(reg, request)
+    name = request.name or default_adapter_name(task.name)
+    _check_name_free(reg, name)
+
+    phase("data", f"suite {suite.name}")
+    data = load_training_pairs(
+        suite, request.split, data_root=request.data_root, max_pairs=hp.max_pairs, seed=hp.seed
+    )
+    run = TrainingRun(tracking_uri, task=task.name, run_name=name)
+    run.log_params(
+        {
+            **hp.as_dict(),
+            "task": task.name,
+            "base": model.name,
+            "parent": request.parent,
+            "suite": suite.name,
+            "train_split": data.split,
+            "pairs": len(data.pairs),
+            "data_fingerprint": data.fingerprint,
+        }
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="taskfleet-lora-") as tmp:
+            phase("train", f"{len(data.pairs)} pairs from split {data.split}")
+            trained = train_adapter(
+                base_path,
+                data,
+                hp,
+                Path(tmp) / "adapter",
+                parent_adapter=parent_path,
+                query_prefix=model.query_prefix,
+                passage_prefix=model.passage_prefix,
+                on_step=on_step,
+            )
+            phase("register", name)
+            record = TrainingRecord(
+                data_fingerprint=data.fingerprint,
+                train_split=data.split,
+                hyperparameters=hp.as_dict(),
+                seed=hp.seed,
+                code_version=code_version(),
+                suite=suite.name,
+                mlflow_run_id=run.run_id,
+            )
+            run.log_losses(trained.result.losses)
+            run.log_metrics({"train_seconds": trained.result.wall_seconds})
+            run.log_adapter(trained.path)
+            adapter = reg.register_adapter(
+                name,
+                base=model.name,
+                source_dir=trained.path,
+                training=record,
+                parent=request.parent,
+            )
+    except KeyboardInterrupt:
+        run.finish("KILLED")
+        raise TrainingInterrupted("training interrupted; nothing was registered") from None
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    candidate = reg.add_candidate(task.name, base=model.name, adapter=adapter.name)
+    eval_run: EvalRun | None = None
+    try:
+        if request.evaluate:
+            phase("evaluate", f"suite {suite.name}")
+            eval_run = _evaluate(
+                reg, task.name, candidate, request, cache_dir or Path(tmp_cache()), tracking_uri
+            )
+            run.log_metrics({f"eval_{k}": v for k, v in eval_run.metrics.items()})
+    finally:
+        run.finish()
+    return FinetuneOutcome(adapter, candidate, trained.result, data, eval_run, run.run_id)
+
+
+def _check_parent(reg: Registry, request: FinetuneRequest) -> Path | None:
+    if request.parent is None:
+        return None
+    parent = reg.get_adapter(request.parent)
+    if parent.base_model != request.base:
+        raise LineageError(
+            f"parent adapter {parent.name!r} was trained on base {parent.base_model!r}, "
+            f"not on {request.base!r}"
+        )
+    return reg.adapter_path(parent.name)
+
+
+def _check_name_free(reg: Registry, name: str) -> None:
+    try:
+        reg.get_adapter(name)
+    except NotFound:
+        return
+    raise AlreadyExists(f"adapter {name!r} already exists; choose another --name")
+
+
+def _evaluate(
+    reg: Registry,
+    task: str,
+    candidate: Candidate,
+    request: FinetuneRequest,
+    cache_dir: Path,
+    tracking_uri: str | None,
+) -> EvalRun:
+    """Score the new candidate on the task's test split and record it as an eval run."""
+    from evals.runner import EvalPaths, run_eval
+
+    paths = EvalPaths(
+        cache_dir=cache_dir,
+        mlflow_uri=tracking_uri,
+        data_root=request.data_root,
+        suite_location=request.suite_location,
+    )
+    return run_eval(reg, task, candidate.name, paths, sample=request.eval_sample)
+
+
+def tmp_cache() -> str:
+    """Without a configured cache the eval still works, it just re-encodes next time."""
+    return tempfile.mkdtemp(prefix="taskfleet-eval-cache-")
+
+
+def default_adapter_name(task: str) -> str:
+    return f"{task}-lora-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def code_version() -> str:
+    """`git describe` of the checkout when there is one, else the installed package version."""
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        if described:
+            return f"git:{described}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"taskfleet=={version('taskfleet')}"
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,152 @@
+"""`taskfleet finetune lora TASK --base MODEL [--parent ADAPTER] [hyperparameters]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from taskfleet.context import get_settings, open_registry
+
+out = Console()
+finetune_app = typer.Typer(help="Fine-tune adapters for a task.", no_args_is_help=True)
+
+
+@finetune_app.command("lora")
+def lora(
+    task: str = typer.Argument(..., help="Task whose suite supplies the training split."),
+    base: str = typer.Option(..., "--base", help="Registered base model to adapt."),
+    parent: str | None = typer.Option(
+        None, "--parent", help="Continue training this adapter (recorded as the parent)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="Adapter name (default: dated)."),
+    preset_name: str = typer.Option(
+        "default", "--preset", help="Hyperparameter preset (default, demo); flags override it."
+    ),
+    split: str | None = typer.Option(
+        None, "--split", help="Training split (default: the suite's); test splits are refused."
+    ),
+    rank: int | None = typer.Option(None, "--rank", help="LoRA rank r."),
+    alpha: int | None = typer.Option(None, "--alpha", help="LoRA alpha."),
+    dropout: float | None = typer.Option(None, "--dropout", help="LoRA dropout."),
+    target_modules: str | None = typer.Option(
+        None, "--target-modules", help="Comma-separated module names, e.g. query,key,value,dense."
+    ),
+    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Passes over the split."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Pairs per step."),
+    max_seq_length: int | None = typer.Option(
+        None, "--max-seq-length", help="Token limit for queries and passages while training."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Seed (runs are repeatable on CPU)."),
+    hard_negatives: str | None = typer.Option(
+        None, "--hard-negatives", help="none, bm25 or base (mined with the base model)."
+    ),
+    max_pairs: int | None = typer.Option(
+        None, "--max-pairs", help="Train on a seeded sample of this many pairs."
+    ),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many steps."),
+    threads: int = typer.Option(2, "--threads", help="CPU threads for torch."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Register without evaluating."),
+    eval_sample: int | None = typer.Option(
+        None, "--eval-sample", help="Evaluate on the first N test queries only."
+    ),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Root of the suites' data (default ../shared/data)."
+    ),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+) -> None:
+    """Train a LoRA adapter on the task's training split, register it, evaluate it."""
+    import torch
+
+    from finetune.config import preset
+    from finetune.pipeline import FinetuneRequest, finetune_lora
+    from finetune.trainer import StepReport, mean_loss
+
+    torch.set_num_threads(threads)
+    modules = (
+        tuple(m.strip() for m in target_modules.split(",") if m.strip()) if target_modules else None
+    )
+    hp = preset(preset_name).with_overrides(
+        rank=rank,
+        alpha=alpha,
+        dropout=dropout,
+        target_modules=modules,
+        learning_rate=learning_rate,
+        epochs=epochs,
+        batch_size=batch_size,
+        max_seq_length=max_seq_length,
+        seed=seed,
+        hard_negatives=hard_negatives,
+        max_pairs=max_pairs,
+        max_steps=max_steps,
+    )
+    settings = get_settings()
+    request = FinetuneRequest(
+        task=task,
+        base=base,
+        hyperparameters=hp,
+        parent=parent,
+        name=name,
+        split=split,
+        evaluate=not no_eval,
+        data_root=data_dir,
+        eval_sample=eval_sample,
+    )
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=out,
+    )
+    bar: list[TaskID] = []
+
+    def on_step(step: StepReport) -> None:
+        if not bar:
+            bar.append(progress.add_task("training", total=step.total_steps, loss="-"))
+        progress.update(bar[0], completed=step.step, loss=f"{step.loss:.4f}")
+
+    def on_phase(phase: str, detail: str) -> None:
+        progress.console.print(f"[dim]{phase}:[/dim] {detail}")
+
+    with progress:
+        outcome = finetune_lora(
+            open_registry(),
+            request,
+            tracking_uri=None if no_mlflow else settings.resolved_mlflow_uri,
+            cache_dir=settings.cache_dir,
+            on_step=on_step,
+            on_phase=on_phase,
+        )
+    result = outcome.training
+    a = outcome.adapter
+    out.print(
+        f"adapter [bold]{a.name}[/bold] on {a.base_model}"
+        + (f" (parent {a.parent})" if a.parent else "")
+        + f": {result.steps} steps in {result.wall_seconds:.0f}s, loss "
+        f"{mean_loss(result.losses, first=True):.4f} -> {mean_loss(result.losses, first=False):.4f}"
+    )
+    out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)  candidate {outcome.candidate.name}")
+    if outcome.mlflow_run_id:
+        out.print(f"mlflow run {outcome.mlflow_run_id}")
+    if outcome.eval_run is not None:
+        run = outcome.eval_run
+        low, high = run.ci.get(run.main_metric, (float("nan"), float("nan")))
+        out.print(
+            f"{run.suite_name}/{run.split}: {run.main_metric} {run.main_score:.4f} "
+            f"[95% CI {low:.4f}, {high:.4f}]"
+        )
