@@ -150,3 +150,15 @@ def test_rule_and_override_need_admin_and_reason(seeded: Registry) -> None:
     r = admin.post(weak_url, data=form)
     assert "Promoted base-b" in r.text
     assert seeded.list_promotions(TASK)[0].reason == "3x cheaper to serve"
+
+
+def test_without_auth_the_local_user_acts_as_admin_but_still_needs_csrf(seeded: Registry) -> None:
+    client = TestClient(create_app(seeded, require_auth=False))
+    assert client.get("/login", follow_redirects=False).headers["location"] == "/tasks"
+    assert "Log out" not in client.get("/tasks").text  # nobody to log out
+    form = promote_form(client)
+    r = client.post(PROMOTE_URL, data={**form, "csrf_token": ""})
+    assert r.status_code == 403 and champions(seeded) == [CHAMPION]
+    r = client.post(PROMOTE_URL, data=form)
+    assert "placement epoch 2" in r.text
+    assert seeded.list_promotions(TASK)[0].actor == "dashboard:anonymous"

@@ -43,7 +43,7 @@ class User:
     @property
     def actor(self) -> str:
         # Same form as the REST API's actors, so the history reads alike whichever door was used.
-        return f"key:{self.name}"
+        return f"key:{self.name}" if self.signed_in else "dashboard:anonymous"
 
     @property
     def can_promote(self) -> bool:
