@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from taskfleet.context import open_registry
+from taskfleet.context import get_settings, open_registry
 
 
 def serve(
@@ -14,10 +14,14 @@ def serve(
         True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
     ),
 ) -> None:
-    """Run the control-plane REST API (OpenAPI docs at /docs)."""
+    """Run the control plane: REST API (OpenAPI docs at /docs) and the web dashboard (/)."""
     import uvicorn
 
     from registry.api import create_app
 
-    app = create_app(open_registry(), require_auth=auth)
+    app = create_app(
+        open_registry(),
+        require_auth=auth,
+        session_secret=get_settings().resolved_session_secret(),
+    )
     uvicorn.run(app, host=host, port=port, log_level="info")

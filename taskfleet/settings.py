@@ -34,6 +34,10 @@ class Settings(BaseSettings):
         default=None, description="Existing NATS server/cluster; default: start an embedded one."
     )
     actor: str | None = Field(default=None, description="Who is acting, for the audit log.")
+    session_secret: str | None = Field(
+        default=None,
+        description="Signs dashboard session cookies; default: a secret kept under home.",
+    )
 
     @cached_property
     def resolved_home(self) -> Path:
@@ -58,6 +62,19 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.resolved_home / "cache"
+
+    def resolved_session_secret(self) -> str:
+        """A stable secret so dashboard sessions survive a restart of the control plane."""
+        if self.session_secret:
+            return self.session_secret
+        path = self.resolved_home / "session-secret"
+        if not path.is_file():
+            import secrets
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(secrets.token_urlsafe(32))
+        return path.read_text().strip()
 
     def resolved_actor(self) -> str:
         if self.actor:
