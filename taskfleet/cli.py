@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -10,6 +11,11 @@ from rich.console import Console
 
 from registry import RegistryError
 from taskfleet import __version__
+from taskfleet.cli_eval import eval_app
+from taskfleet.cli_finetune import finetune_app
+from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up
+from taskfleet.cli_gateway import call, gateway
+from taskfleet.cli_promote import promote, promotions, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
 from taskfleet.context import state
@@ -29,7 +35,23 @@ app.add_typer(adapter_app, name="adapter")
 app.add_typer(candidate_app, name="candidate")
 app.add_typer(db_app, name="db")
 app.add_typer(key_app, name="key")
+app.add_typer(eval_app, name="eval")
+app.add_typer(finetune_app, name="finetune")
+app.add_typer(placement_app, name="placement")
+app.add_typer(dlq_app, name="dlq")
 app.command("serve")(serve)
+app.command("gateway")(gateway)
+app.command("call")(call)
+app.add_typer(placement_app, name="placement")
+app.add_typer(dlq_app, name="dlq")
+app.command("up")(up)
+app.command("promote")(promote)
+app.command("rollback")(rollback)
+app.command("promotions")(promotions)
+app.command("placements", help="Desired vs reported placement epochs (same as `placement ls`).")(
+    placement_ls
+)
+app.command("up")(up)
 
 
 def _version(value: bool) -> None:
@@ -68,10 +90,8 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # serving extras not installed
         pass
     for module, name in (("evals.errors", "EvalError"), ("finetune.errors", "FinetuneError")):
-        try:
+        with contextlib.suppress(ImportError, AttributeError):
             errors.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
     return tuple(errors)
 
 
