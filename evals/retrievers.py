@@ -8,6 +8,7 @@ scores a sentence-transformers model.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -170,18 +171,28 @@ def _cost_figures(cost: CachedCost) -> dict[str, float]:
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def tokenize_german(text: str) -> list[str]:
-    """Lowercase, then runs of Unicode word characters (keeps umlauts and ß, drops '§').
+@functools.cache
+def german_stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_GERMAN
 
-    No stemming and no stopword list: German compounds and inflection would want a
-    decompounding stemmer, which is a modelling choice of its own; a plain tokenisation keeps
-    the baseline simple and reproducible, and BM25's idf already discounts frequent words.
+    return frozenset(STOPWORDS_GERMAN)
+
+
+def tokenize_german(text: str) -> list[str]:
+    """Lowercase, runs of Unicode word characters (umlauts and ß kept, '§' dropped), minus
+    bm25s's German stopword list.
+
+    Stopwords matter here: lay questions are long (median ~1,100 characters) and full of
+    "ich", "und", "der", and BM25 adds every query occurrence, so they drown the content words
+    (GerLayQA eval nDCG@10: 0.050 with them, 0.068 without). No stemming: German
+    decompounding/stemming is a modelling choice of its own, kept out of the baseline.
     """
-    return _WORD.findall(text.lower())
+    stop = german_stopwords()
+    return [w for w in _WORD.findall(text.lower()) if w not in stop]
 
 
 class BM25Retriever:
-    """Lexical baseline: bm25s (Lucene BM25, k1=1.5, b=0.75) over tokenize_german."""
+    """Lexical baseline: bm25s (Lucene BM25, k1=1.5, b=0.75) over ``tokenize_german``."""
 
     def __init__(self, *, k1: float = 1.5, b: float = 0.75, query_batch: int = 64) -> None:
         self.k1 = k1

@@ -198,11 +198,5 @@ def test_split_leak_is_refused() -> None:
 
 
 def test_german_tokenisation() -> None:
-    assert tokenize_german("Kündigung des Mietvertrags (§ 573b BGB), Straße!") == [
-        "kündigung",
-        "des",
-        "mietvertrags",
-        "573b",
-        "bgb",
-        "straße",
-    ]
+    tokens = tokenize_german("Ich kündige den Mietvertrag (§ 573b BGB) wegen der Straße!")
+    assert tokens == ["kündige", "mietvertrag", "573b", "bgb", "wegen", "straße"]
