@@ -10,14 +10,16 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from registry import Registry
 from taskfleet.context import get_settings, open_registry
 
 if TYPE_CHECKING:
@@ -132,9 +134,14 @@ def _mb(n: int) -> str:
 
 
 @placement_app.command("ls")
-def placement_ls() -> None:
+def placement_ls(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
     """Desired vs reported epoch per task, and what each worker holds (from the registry)."""
     reg = open_registry()
+    if as_json:
+        typer.echo(json.dumps(_fleet_json(reg), indent=2, default=str))
+        return
     table = Table("task", "candidate", "desired", "mode", "published", "reported by workers", "ok")
     for s in reg.placement_status():
         reported = ", ".join(f"{w}@{e}" for w, e in sorted(s.reported.items())) or "-"
@@ -160,6 +167,16 @@ def placement_ls() -> None:
             ", ".join(f"{t}:{n}" for t, n in sorted(w.queue_depth.items())) or "-",
         )
     out.print(workers)
+
+
+def _fleet_json(reg: Registry) -> dict[str, Any]:
+    return {
+        "placements": [
+            {**asdict(s), "converged": s.converged, "converged_workers": s.converged_workers}
+            for s in reg.placement_status()
+        ],
+        "workers": [asdict(w) for w in reg.list_workers()],
+    }
 
 
 # ---- dead letters ------------------------------------------------------------------------

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import nats
+import uvicorn
+
 from registry import Registry
 from registry import entities as e
+from serving import protocol as p
+from serving.embedded_nats import EmbeddedNats, free_port
+from serving.fleet import FleetWatcher, decode_heartbeat
+from serving.nats_layout import ensure_layout
+from serving.placements import PlacementPublisher
+from taskfleet.stack import SidecarProcess, find_sidecar_binary
 
 T = TypeVar("T")
 
@@ -74,3 +85,161 @@ def wait_until(probe: Callable[[], T | None], timeout_s: float = 15.0, every_s: 
             return last
         time.sleep(every_s)
     raise AssertionError(f"condition not met within {timeout_s}s (last value: {last!r})")
+
+
+# ---- a whole local fleet from its real parts ---------------------------------------------
+class LocalFleet:
+    """nats-server, registry (SQLite), gateway (uvicorn thread), publisher + watcher (their own
+    event-loop thread) and N real sidecars, each supervising a real Python runtime.
+
+    Built from parts rather than `taskfleet up` so tests can kill one sidecar or restart NATS.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int = 1,
+        memory_budget_bytes: int = 1 << 30,
+        sidecar_args: list[str] | None = None,
+    ) -> None:
+        self.root = root
+        self.n_workers = workers
+        self.memory_budget_bytes = memory_budget_bytes
+        self.sidecar_args = sidecar_args or [
+            "--heartbeat-ms", "300",
+            "--nak-delay-ms", "200",
+            "--ack-wait-ms", "5000",
+            "--max-batch-wait-ms", "2",
+        ]  # fmt: skip
+        self.nats: EmbeddedNats | None = None
+        self.registry: Registry | None = None
+        self.sidecars: list[SidecarProcess] = []
+        self.gateway_url = ""
+        self._threads: list[threading.Thread] = []
+        self._gateway_server: uvicorn.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loops: list[PlacementPublisher | FleetWatcher] = []
+
+    # -- lifecycle
+    def start(self) -> LocalFleet:
+        from serving.gateway.app import GatewaySettings, create_gateway
+
+        self.nats = EmbeddedNats(self.root / "nats").start()
+        self.registry = Registry.open(
+            f"sqlite:///{self.root / 'registry.db'}", artifact_dir=self.root / "artifacts"
+        )
+        asyncio.run(_ensure_layout(self.nats.url))
+        self._start_control_loops()
+        port = free_port()
+        app = create_gateway(
+            self.registry,
+            self.nats.url,
+            GatewaySettings(require_auth=False, workers_refresh_s=0.2, retry_after_s=1),
+        )
+        self._gateway_server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=self._gateway_server.run, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        binary = find_sidecar_binary()
+        for i in range(self.n_workers):
+            sidecar = SidecarProcess(
+                binary=binary,
+                nats_url=self.nats.url,
+                worker_id=f"w{i}-{uuid.uuid4().hex[:8]}",
+                run_dir=self.root / "run",
+                memory_budget_bytes=self.memory_budget_bytes,
+                extra_args=self.sidecar_args,
+                env={"RUST_LOG": "info,async_nats=warn"},
+            )
+            sidecar.start()
+            self.sidecars.append(sidecar)
+        wait_until(lambda: self._gateway_server is not None and self._gateway_server.started)
+        return self
+
+    def _start_control_loops(self) -> None:
+        assert self.registry is not None and self.nats is not None
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._loops = [
+            PlacementPublisher(self.registry, self.nats.url, poll_interval_s=0.1),
+            FleetWatcher(self.registry, self.nats.url, flush_interval_s=0.2, stale_after_s=3.0),
+        ]
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(asyncio.gather(*(c.run() for c in self._loops)))
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        for sidecar in self.sidecars:
+            sidecar.stop(timeout_s=10)
+        if self._gateway_server is not None:
+            self._gateway_server.should_exit = True
+        if self._loop is not None:
+            for control in self._loops:
+                self._loop.call_soon_threadsafe(control.stop)
+        for thread in self._threads:
+            thread.join(timeout=15)
+        if self.nats is not None:
+            self.nats.cleanup()
+        if self.registry is not None:
+            self.registry.close()
+
+    def logs(self) -> str:
+        """Every sidecar's log tail: printed when a test fails, to see why."""
+        return "\n".join(f"--- {s.worker_id}\n{s.log_tail(40)}" for s in self.sidecars)
+
+    # -- helpers
+    @property
+    def reg(self) -> Registry:
+        assert self.registry is not None
+        return self.registry
+
+    def serving(self, task: str, epoch: int, workers: int | None = None) -> list[str]:
+        """Wait until ``workers`` (default all) report serving ``task`` at ``epoch`` or newer,
+        as mirrored into the registry by the fleet watcher."""
+        need = self.n_workers if workers is None else workers
+
+        def probe() -> list[str]:
+            status = {s.task: s for s in self.reg.placement_status()}.get(task)
+            if status is None:
+                return []
+            done = [w for w, e in status.reported.items() if e >= epoch]
+            return done if len(done) >= need else []
+
+        return wait_until(probe, timeout_s=40)
+
+    def heartbeats(self) -> dict[str, p.WorkerHeartbeat]:
+        """Current KV `workers` values, read straight from NATS."""
+        assert self.nats is not None
+        return asyncio.run(_heartbeats(self.nats.url))
+
+
+async def _ensure_layout(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await ensure_layout(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+async def _heartbeats(url: str) -> dict[str, p.WorkerHeartbeat]:
+    nc = await nats.connect(url)
+    try:
+        kv = (await ensure_layout(nc.jetstream())).workers
+        beats: dict[str, p.WorkerHeartbeat] = {}
+        watcher = await kv.watchall(ignore_deletes=True)
+        while (entry := await watcher.updates(timeout=2.0)) is not None:
+            beat = decode_heartbeat(entry.value or b"")
+            beats[beat.worker_id] = beat
+        await watcher.stop()
+        return beats
+    finally:
+        await nc.close()

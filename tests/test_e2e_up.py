@@ -1,0 +1,125 @@
+"""`taskfleet up` as a user runs it: one command starts the fleet, `taskfleet placement set`
+publishes through it, a call by task name works, and SIGTERM leaves no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from registry import Registry
+from serving.client import Client
+from tests.fleet_fixture import free_port, wait_until
+from tests.nats_fixture import unique_task
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "taskfleet", "--home", str(home), *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TASKFLEET_NATS_URL"}
+    return {**env, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children of children too), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: Path) -> None:
+    home = tmp_path / "home"
+    task = unique_task("up")
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    reg.add_task(task, suite="s")
+    reg.add_model("tiny", path=tiny_model_path)
+    reg.add_candidate(task, base="tiny")
+    reg.close()
+
+    port, control_port = free_port(), free_port()
+    log = (tmp_path / "up.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "1",
+         "--no-auth", "--port", str(port), "--control-port", str(control_port)],
+        cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        gateway = f"http://127.0.0.1:{port}"
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)
+        assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
+        assert httpx.get(f"http://127.0.0.1:{control_port}/healthz").status_code == 200
+
+        placed = _cli(home, "placement", "set", task, "tiny", "--pinned")
+        assert placed.returncode == 0, placed.stderr
+        assert "published to the fleet" in placed.stdout
+
+        with Client(gateway, max_retries=40) as client:
+            vectors = client.embed(task, ["hallo welt", "zweiter satz"])
+        assert vectors.shape == (2, 32)
+
+        def converged() -> dict[str, object]:
+            fleet = json.loads(_cli(home, "placement", "ls", "--json").stdout)
+            return next((p for p in fleet["placements"] if p["converged"]), {})
+
+        status = wait_until(converged, timeout_s=20)
+        assert status["task"] == task and status["pinned"] and status["desired_epoch"] == 1
+        assert list(status["reported"].values()) == [1]  # type: ignore[attr-defined]
+        table = _cli(home, "placement", "ls").stdout  # the human view renders too
+        assert "desired" in table and "worker" in table
+        children = _descendants(proc.pid)
+        assert len(children) >= 3, "nats-server, a sidecar and its runtime should be running"
+    finally:
+        children = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            pytest.fail("taskfleet up did not stop within 40 s of SIGTERM")
+        log.close()
+    assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    time.sleep(0.5)
+    orphans = [pid for pid in children if _alive(pid)]
+    assert not orphans, f"processes left behind: {orphans}"
+    assert not (home / "run" / "stack.json").exists()
