@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -68,7 +69,9 @@ def main() -> None:
             flush=True,
         )
 
+    load_before = os.getloadavg()[1]
     trained = train_adapter(base_path, data, hp, adapter_dir, on_step=show)
+    load_after = os.getloadavg()[1]
     adapter = tree_sha256(adapter_dir)
     if args.out is not None:
         shutil.copytree(adapter_dir, args.out, dirs_exist_ok=True)
@@ -79,6 +82,7 @@ def main() -> None:
     )
     losses = trained.result.losses
     train_seconds = trained.result.wall_seconds
+    cpu_seconds = trained.result.cpu_seconds
     mining_seconds = trained.mining_seconds
     trainable = trained.result.trainable_parameters
     del trained  # free the training copy before encoding the test split
@@ -128,6 +132,8 @@ def main() -> None:
         "steps": len(losses),
         "pairs_seen": len(losses) * hp.batch_size,
         "train_seconds": train_seconds,
+        "train_cpu_seconds": cpu_seconds,
+        "load_average_5min": [load_before, load_after],
         "mining_seconds": mining_seconds,
         "threads": args.threads,
         "trainable_parameters": trainable,
@@ -189,6 +195,7 @@ def render_report(f: dict[str, Any]) -> str:
     )
     floor_met = adapted >= 1.18 * base and lo > 0 and f["train_seconds"] < 20 * 60
     minutes = f["train_seconds"] / 60
+    load = f["load_average_5min"]
     scope = f"first {f['sample']} queries only" if f["sample"] else "all judged queries"
     return f"""# LoRA fine-tuning on german-legal-retrieval (GerLayQA)
 
@@ -212,7 +219,9 @@ by the eval harness through the serving Encoder (model max sequence length, 256)
 - Adapter vs BM25 (paired): {bd:+.4f} [95% CI {blo:+.4f}, {bhi:+.4f}]: {_verdict(blo, bd)}.
 - Training wall time: **{f["train_seconds"]:.0f} s** ({minutes:.1f} min) for {f["steps"]}
   optimizer steps on {f["threads"]} CPU threads of a 2-core machine shared with other work
-  (+{f["mining_seconds"]:.1f} s hard-negative mining).
+  (5-minute load average {load[0]:.1f} before, {load[1]:.1f} after: above 2 means the run got
+  less than the whole machine), {f["train_cpu_seconds"]:.0f} s of CPU time;
+  +{f["mining_seconds"]:.1f} s hard-negative mining.
 - Adapter size: **{f["adapter_bytes"] / 1024:.0f} KiB** ({f["adapter_bytes"]} bytes: LoRA weights
   and config only, {f["trainable_parameters"]} trainable parameters), sha256
   `{f["adapter_sha256"][:16]}...`.

@@ -68,12 +68,14 @@ def finetune_lora(
     on_phase: PhaseCallback | None = None,
 ) -> FinetuneOutcome:
     phase = on_phase or (lambda _phase, _detail: None)
-    hp = request.hyperparameters
     task = reg.get_task(request.task)
     suite = get_suite(task.suite, location=request.suite_location)
     model = reg.get_model(request.base)
     base_path = reg.model_path(model.name)
     parent_path = _check_parent(reg, request)
+    hp = request.hyperparameters
+    if parent_path is not None:
+        hp = inherit_lora_shape(hp, parent_path)
     name = request.name or default_adapter_name(task.name)
     _check_name_free(reg, name)
 
@@ -157,6 +159,21 @@ def _check_parent(reg: Registry, request: FinetuneRequest) -> Path | None:
             f"not on {request.base!r}"
         )
     return reg.adapter_path(parent.name)
+
+
+def inherit_lora_shape(hp: LoraHyperparameters, parent_path: Path) -> LoraHyperparameters:
+    """A child continues its parent's LoRA matrices, so rank, alpha and targets are the parent's;
+    the record says so rather than repeating flags that had no effect."""
+    import json
+
+    config = json.loads((parent_path / "adapter_config.json").read_text(encoding="utf-8"))
+    targets = config.get("target_modules") or list(hp.target_modules)
+    return hp.with_overrides(
+        rank=config.get("r"),
+        alpha=config.get("lora_alpha"),
+        dropout=config.get("lora_dropout"),
+        target_modules=tuple(sorted(targets)) if isinstance(targets, list) else (targets,),
+    )
 
 
 def _check_name_free(reg: Registry, name: str) -> None:

@@ -129,8 +129,8 @@ def train_lora(
                             elapsed_seconds=time.perf_counter() - started,
                         )
                     )
-    except RuntimeError as exc:
-        if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc):
+    except (RuntimeError, MemoryError) as exc:
+        if isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate" in str(exc):
             raise TrainingOutOfMemory(
                 f"out of memory at step {step + 1} (batch {hp.batch_size}, max length "
                 f"{hp.max_seq_length}); lower --batch-size or --max-seq-length"

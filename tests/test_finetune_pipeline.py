@@ -98,13 +98,17 @@ def test_trains_registers_logs_and_evaluates(
 
 def test_child_of_a_child_has_full_lineage(reg: Registry, suite_dir: Path) -> None:
     finetune_lora(reg, request(suite_dir, name="gen1"))
-    finetune_lora(reg, request(suite_dir, name="gen2", parent="gen1"))
+    # A child continues its parent's matrices: a different --rank has no effect and is not
+    # what the record says.
+    wider = HP.with_overrides(rank=8, alpha=16)
+    finetune_lora(reg, request(suite_dir, name="gen2", parent="gen1", hyperparameters=wider))
     finetune_lora(reg, request(suite_dir, name="gen3", parent="gen2", split="dev"))
     chain = reg.lineage("gen3")
     assert [a.name for a in chain] == ["gen1", "gen2", "gen3"]
     assert [a.parent for a in chain] == [None, "gen1", "gen2"]
     # Each generation continued training: three different artifacts.
     assert len({a.sha256 for a in chain}) == 3
+    assert [a.training.hyperparameters["rank"] for a in chain] == [4, 4, 4]
 
 
 def test_artifact_round_trip_and_served_embeddings(
