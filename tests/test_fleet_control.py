@@ -256,3 +256,51 @@ def test_worker_reports_on_both_databases(registry: Registry) -> None:
     assert registry.list_workers(reachable_only=True) == []
     assert registry.forget_workers(now + timedelta(seconds=60)) == ["w1"]
     assert registry.list_workers() == []
+
+
+def test_dead_letters_are_listed_and_replayed_as_new_requests(nats_server: EmbeddedNats) -> None:
+    """The DLQ tools on the format a sidecar dead-letters in (original message + Tf-Error);
+    the real sidecar producing it is covered by tests/test_e2e_dlq.py."""
+    from serving.dlq import DeadLetterNotFound, list_dead_letters, replay
+    from serving.nats_layout import TASKS_STREAM, dlq_subject, task_subject
+
+    task = unique_task("dead")
+    payload = p.pack(p.QueuePayload(task=task, kind="query", inputs=["a", "b"]))
+    original = {
+        "Nats-Msg-Id": "req-1",
+        "Tf-Request-Id": "req-1",
+        "Tf-Reply": "_tf.reply.gone.req-1",
+        "Tf-Deadline": "1",
+        "Tf-Priority": "0",
+        "Tf-Error": "LOAD_FAILED: base model folder does not exist",
+    }
+
+    async def scenario() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_layout(js)
+            await js.publish(dlq_subject(task), payload, headers=original)
+            (letter,) = await list_dead_letters(js, task)
+            assert (letter.task, letter.request_id) == (task, "req-1")
+            assert letter.error.startswith("LOAD_FAILED") and letter.summary == "2 query text(s)"
+
+            consumer = await js.pull_subscribe(task_subject(task), durable=f"check_{task}")
+            (outcome,) = await replay(nc, [letter.seq], wait_s=0)
+            (msg,) = await consumer.fetch(1, timeout=5)
+            assert msg.data == payload
+            headers = msg.headers or {}
+            assert headers["Tf-Request-Id"] == headers["Nats-Msg-Id"] == outcome.request_id
+            assert outcome.request_id != "req-1"  # the duplicate window would drop the old id
+            # The old deadline has passed and the old requester is gone; the error is history.
+            assert not {"Tf-Deadline", "Tf-Reply", "Tf-Error"} & set(headers)
+            assert headers["Tf-Priority"] == "0"
+            await msg.ack()
+            assert await list_dead_letters(js, task) == []
+            with pytest.raises(DeadLetterNotFound):
+                await replay(nc, [letter.seq])
+            await js.delete_consumer(TASKS_STREAM, f"check_{task}")
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
