@@ -97,7 +97,7 @@ def main() -> None:
         f"Split `eval`, {scope}, full corpus ({minilm.suite_name}@{minilm.suite_version}, "
         f"fingerprint `{minilm.suite_fingerprint[:12]}`). MiniLM truncates the long queries at "
         "its max_seq_length (256 word pieces); BM25 is bm25s (Lucene, k1=1.5, b=0.75) over "
-        "lowercased Unicode word tokens, no stemming or stopwords.",
+        "lowercased Unicode word tokens minus German stopwords, no stemming.",
         f"Machine: {machine_description()}.",
         f"Reproduce: {command}",
     ]

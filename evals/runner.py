@@ -18,7 +18,7 @@ from evals.errors import CandidateError, EvalError, EvalInterrupted
 from evals.harness import EvalResult, Retriever, evaluate
 from evals.report import run_markdown
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, _no_progress
-from evals.suites import SuiteSpec, get_suite
+from evals.suites import BUILTIN_SUITES, SuiteSpec, get_suite
 
 if TYPE_CHECKING:
     from registry import Registry
@@ -212,9 +212,12 @@ def _log_to_mlflow(
 def leaderboard(reg: Registry, task: str) -> dict[str, EvalRun]:
     """Per candidate, its newest full run on a test split (else its newest sampled run)."""
     suite_name = reg.get_task(task).suite
+    suite = BUILTIN_SUITES.get(suite_name)
+    # Only test-split scores rank candidates; a dev-split number is not comparable.
+    splits = suite.test_splits if suite else None
     best: dict[str, EvalRun] = {}
     for run in reg.list_eval_runs(task):  # newest first
-        if run.suite_name != suite_name:
+        if run.suite_name != suite_name or (splits and run.split not in splits):
             continue
         current = best.get(run.candidate)
         if current is None or (current.sample_size is not None and run.sample_size is None):

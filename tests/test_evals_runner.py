@@ -119,7 +119,9 @@ def test_leaderboard_and_paired_compare(reg: Registry, beir: Path, tmp_path: Pat
     assert sampled.sample_size == 10 and len(sampled.per_query) == 10
     bm25 = run_eval(reg, TASK, "bm25", paths)
     base = run_eval(reg, TASK, "tiny-base", paths)
-    board = leaderboard(reg, TASK)
+    on_dev = run_eval(reg, TASK, "bm25", paths, split="dev")  # allowed: bm25 trained on nothing
+    assert on_dev.split == "dev" and len(on_dev.per_query) == 12
+    board = leaderboard(reg, TASK)  # test-split runs only
     assert {name: run.id for name, run in board.items()} == {"bm25": bm25.id, "tiny-base": base.id}
 
     result = compare(reg, TASK, "bm25", "tiny-base")
