@@ -29,12 +29,6 @@ def _cli(home: Path, nats_url: str, *args: str) -> subprocess.CompletedProcess[s
     )  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sidecar bug: publish_dlq (sidecar/src/worker/outcome.rs) copies the gateway's "
-    "Nats-Expected-Stream: TASKS header, so JetStream rejects the DLQ copy (error 10060) "
-    "and the request is never dead-lettered nor answered",
-)
 def test_dead_letter_listed_then_replayed(tmp_path: Path, tiny_model_path: Path) -> None:
     model_dir = shutil.copytree(tiny_model_path, tmp_path / "model")
     fleet = LocalFleet(tmp_path / "fleet", workers=1).start()

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::AckKind};
+use async_nats::HeaderMap;
 
 use super::intake::{Envelope, HEADER_ERROR};
 use crate::error::{Error, Result};
@@ -116,7 +117,19 @@ impl Settler {
     }
 
     async fn publish_dlq(&self, envelope: &Envelope, error: &ErrorBody) -> Result<()> {
-        let mut headers = envelope.msg.headers.clone().unwrap_or_default();
+        // Keep the original headers for replay, except JetStream publish expectations
+        // (`Nats-Expected-Stream: TASKS` from the gateway would make the DLQ publish fail).
+        let mut headers = HeaderMap::new();
+        if let Some(original) = &envelope.msg.headers {
+            for (name, values) in original.iter() {
+                if name.to_string().starts_with("Nats-Expected-") {
+                    continue;
+                }
+                for value in values {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
         let summary = format!("{}: {}", error.code, error.message);
         // Header values must stay on one line.
         headers.insert(HEADER_ERROR, summary.replace(['\r', '\n'], " ").as_str());
