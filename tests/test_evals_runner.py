@@ -152,6 +152,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a dozen CLI subprocesses, ~1 minute on two cores
 def test_cli_run_leaderboard_compare_report(
     beir: Path, tmp_path: Path, tiny_model_path: Path
 ) -> None:
