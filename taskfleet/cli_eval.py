@@ -39,7 +39,7 @@ def _paths(data_dir: Path | None, suite_path: Path | None, mlflow: bool) -> Eval
     return EvalPaths(
         cache_dir=settings.cache_dir,
         mlflow_uri=settings.resolved_mlflow_uri if mlflow else None,
-        data_root=data_dir,
+        data_root=data_dir or settings.data_dir,
         suite_location=suite_path,
     )
 
@@ -61,8 +61,8 @@ def eval_run(
     data_dir: Path | None = typer.Option(
         None,
         "--data-dir",
-        envvar="TASKFLEET_DATA_DIR",
-        help="Data root holding suite folders (default: ../shared/data next to the repo).",
+        help="Data root holding suite folders (env TASKFLEET_DATA_DIR; "
+        "default: ../shared/data next to the repo).",
     ),
     suite_path: Path | None = typer.Option(
         None, "--suite-path", help="The suite's own BEIR folder (overrides --data-dir)."

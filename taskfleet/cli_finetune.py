@@ -62,7 +62,9 @@ def lora(
         None, "--eval-sample", help="Evaluate on the first N test queries only."
     ),
     data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Root of the suites' data (default ../shared/data)."
+        None,
+        "--data-dir",
+        help="Root of the suites' data (env TASKFLEET_DATA_DIR; default ../shared/data).",
     ),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
 ) -> None:
@@ -74,6 +76,10 @@ def lora(
     from finetune.trainer import StepReport, mean_loss
 
     torch.set_num_threads(threads)
+    # Our own progress bar is the one to watch; transformers' weight-loading bars are noise.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     modules = (
         tuple(m.strip() for m in target_modules.split(",") if m.strip()) if target_modules else None
     )
@@ -100,7 +106,7 @@ def lora(
         name=name,
         split=split,
         evaluate=not no_eval,
-        data_root=data_dir,
+        data_root=data_dir or get_settings().data_dir,
         eval_sample=eval_sample,
     )
     progress = Progress(

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
         default=None, description="Existing NATS server/cluster; default: start an embedded one."
     )
     actor: str | None = Field(default=None, description="Who is acting, for the audit log.")
+    data_dir: Path | None = Field(
+        default=None, description="Root of the eval suites' data; default: ../shared/data."
+    )
     session_secret: str | None = Field(
         default=None,
         description="Signs dashboard session cookies; default: a secret kept under home.",
