@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 
 log = logging.getLogger("taskfleet.nats")
 
@@ -50,16 +51,27 @@ async def connect_forever(url: str, stop: asyncio.Event, *, name: str) -> NATS |
 
 
 async def connect_once(url: str, *, name: str, timeout_s: int = 2) -> NATS:
-    """One attempt; raises when NATS is not reachable."""
+    """One attempt; raises ConnectionError when NATS is not reachable."""
     nc = NATS()
-    await nc.connect(
-        url,
-        name=name,
-        connect_timeout=timeout_s,
-        allow_reconnect=False,
-        max_reconnect_attempts=0,
-        error_cb=_log_error(name),
-    )
+    try:
+        # nats-py keeps retrying the first connect even without allow_reconnect unless the
+        # attempts are bounded (0 means unbounded there); the outer timeout is a safety net.
+        await asyncio.wait_for(
+            nc.connect(
+                url,
+                name=name,
+                connect_timeout=timeout_s,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
+                error_cb=_log_error(name),
+            ),
+            timeout_s * 3,
+        )
+    except (TimeoutError, OSError, NatsError) as exc:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise ConnectionError(f"NATS at {url} is not reachable ({type(exc).__name__})") from None
     return nc
 
 

@@ -1,0 +1,63 @@
+"""Fleet CLI verbs without a running fleet: what a user sees when NATS is away or input is bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from registry import Registry
+from serving.embedded_nats import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(
+    home: Path, *args: str, nats_url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TASKFLEET_NATS_URL"}
+    env.update(TASKFLEET_HOME=str(home), COLUMNS="200", PYTHONPATH=str(REPO))
+    if nats_url:
+        env["TASKFLEET_NATS_URL"] = nats_url
+    return subprocess.run(
+        [sys.executable, "-m", "taskfleet", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_placement_set_while_nats_is_down_stays_in_the_outbox(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    home = tmp_path / "home"
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    reg.add_task("legal", suite="s")
+    reg.add_model("tiny", path=tiny_model_path)
+    reg.add_candidate("legal", base="tiny")
+    reg.close()
+    down = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+
+    r = run_cli(home, "placement", "set", "legal", "tiny", "--replicas", "2", nats_url=down)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1" in r.stdout and "the running publisher will publish it" in r.stdout
+
+    r = run_cli(home, "placement", "ls", "--json")
+    (status,) = json.loads(r.stdout)["placements"]
+    assert status["published_at"] is None and status["replicas"] == 2
+    assert status["converged"] is False and json.loads(r.stdout)["workers"] == []
+
+    r = run_cli(home, "placement", "ls")
+    assert r.returncode == 0 and "pending" in r.stdout
+
+    r = run_cli(home, "placement", "set", "legal", "nope")
+    assert r.returncode == 1 and "no candidate 'nope'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    r = run_cli(home, "dlq", "ls")
+    assert r.returncode == 1 and "start `taskfleet up` or set TASKFLEET_NATS_URL" in r.stderr
+    r = run_cli(home, "dlq", "ls", nats_url=down)
+    assert r.returncode == 1 and "cannot read the DLQ" in r.stderr
+    r = run_cli(home, "dlq", "replay", nats_url=down)
+    assert r.returncode == 1 and "name dead letters by number or give --task" in r.stderr
+    assert "Traceback" not in r.stderr
