@@ -15,7 +15,7 @@ from finetune.data import TrainingPairs
 from finetune.modeling import save_adapter
 from finetune.negatives import mine_bm25, mine_with_model
 from finetune.trainer import StepCallback, TrainingResult, train_lora
-from serving.runtime.encoder import ModelLoadError, ModelSpec, load_sentence_transformer
+from serving.runtime.encoder import ModelSpec, load_sentence_transformer
 
 
 @dataclass
@@ -38,18 +38,13 @@ def train_adapter(
     on_step: StepCallback | None = None,
 ) -> TrainedAdapter:
     """Train and write the adapter (peft files only) into out_dir, which must not exist yet."""
-    from finetune.errors import AdapterConfigError
-
     spec = ModelSpec(
         base_path=base_path,
         query_prefix=query_prefix,
         passage_prefix=passage_prefix,
         max_seq_length=hp.max_seq_length,
     )
-    try:
-        model = load_sentence_transformer(spec)
-    except ModelLoadError as exc:
-        raise AdapterConfigError(str(exc)) from exc
+    model = load_sentence_transformer(spec)
 
     started = time.perf_counter()
     negatives: dict[str, list[str]] | None = None

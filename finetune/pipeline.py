@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from evals.errors import EvalError
 from evals.suites import get_suite
 from finetune.config import LoraHyperparameters
 from finetune.data import TrainingPairs, load_training_pairs
-from finetune.errors import TrainingInterrupted
+from finetune.errors import FinetuneError, TrainingInterrupted
 from finetune.job import train_adapter
 from finetune.tracking import TrainingRun
 from finetune.trainer import StepCallback, TrainingResult
@@ -84,19 +85,19 @@ def finetune_lora(
         suite, request.split, data_root=request.data_root, max_pairs=hp.max_pairs, seed=hp.seed
     )
     run = TrainingRun(tracking_uri, task=task.name, run_name=name)
-    run.log_params(
-        {
-            **hp.as_dict(),
-            "task": task.name,
-            "base": model.name,
-            "parent": request.parent,
-            "suite": suite.name,
-            "train_split": data.split,
-            "pairs": len(data.pairs),
-            "data_fingerprint": data.fingerprint,
-        }
-    )
     try:
+        run.log_params(
+            {
+                **hp.as_dict(),
+                "task": task.name,
+                "base": model.name,
+                "parent": request.parent,
+                "suite": suite.name,
+                "train_split": data.split,
+                "pairs": len(data.pairs),
+                "data_fingerprint": data.fingerprint,
+            }
+        )
         with tempfile.TemporaryDirectory(prefix="taskfleet-lora-") as tmp:
             phase("train", f"{len(data.pairs)} pairs from split {data.split}")
             trained = train_adapter(
@@ -140,9 +141,15 @@ def finetune_lora(
     try:
         if request.evaluate:
             phase("evaluate", f"suite {suite.name}")
-            eval_run = _evaluate(
-                reg, task.name, candidate, request, cache_dir or Path(tmp_cache()), tracking_uri
-            )
+            try:
+                eval_run = _evaluate(
+                    reg, task.name, candidate, request, cache_dir or Path(tmp_cache()), tracking_uri
+                )
+            except EvalError as exc:
+                raise FinetuneError(
+                    f"adapter {adapter.name!r} is registered (candidate {candidate.name!r}) but "
+                    f"its evaluation failed: {exc}; evaluate it later with `taskfleet eval run`"
+                ) from exc
             run.log_metrics({f"eval_{k}": v for k, v in eval_run.metrics.items()})
     finally:
         run.finish()

@@ -13,6 +13,7 @@ from typing import Any
 
 # One MLflow convention for the project: offline, artifacts beside a local SQLite store.
 from evals.tracking import _quiet_offline_env, artifact_root
+from finetune.errors import FinetuneError
 
 EXPERIMENT_PREFIX = "taskfleet-finetune"
 
@@ -30,15 +31,20 @@ class TrainingRun:
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         import mlflow
 
-        self._client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-        name = f"{EXPERIMENT_PREFIX}/{task}"
-        experiment = self._client.get_experiment_by_name(name)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else self._client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
-        )
-        self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+        try:
+            self._client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+            name = f"{EXPERIMENT_PREFIX}/{task}"
+            experiment = self._client.get_experiment_by_name(name)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self._client.create_experiment(
+                    name, artifact_location=artifact_root(tracking_uri)
+                )
+            )
+            self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+        except Exception as exc:  # MLflow raises many types for a bad or unreachable store
+            raise FinetuneError(f"cannot log to MLflow at {tracking_uri}: {exc}") from exc
 
     def log_params(self, params: Mapping[str, object]) -> None:
         if self._client is None:
