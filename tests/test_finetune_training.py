@@ -132,3 +132,21 @@ def test_bad_hyperparameters_are_refused_with_every_problem() -> None:
     with pytest.raises(InvalidHyperparameters, match="unknown preset"):
         preset("huge")
     assert preset("demo").max_pairs is not None
+
+
+def test_base_model_hard_negatives_exclude_positives(
+    suite: SuiteSpec, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    from finetune.negatives import mine_with_model
+    from serving.runtime.encoder import load_sentence_transformer
+
+    data = load_training_pairs(suite)
+    model = load_sentence_transformer(ModelSpec(tiny_model_path, max_seq_length=32))
+    mined = mine_with_model(data, model, 4, query_prefix="", passage_prefix="")
+    assert set(mined) == set(data.queries)
+    for query_id, negatives in mined.items():
+        assert len(negatives) == 4 and not set(negatives) & data.positives[query_id]
+    trained = train_adapter(
+        tiny_model_path, data, FAST.with_overrides(hard_negatives="base", epochs=1), tmp_path / "a"
+    )
+    assert trained.result.steps > 0 and (tmp_path / "a" / "adapter_config.json").is_file()
