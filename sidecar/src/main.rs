@@ -59,8 +59,10 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_MEMORY_BUDGET_BYTES", default_value_t = 8 << 30)]
     memory_budget_bytes: u64,
 
-    /// Token budget of one batch (tokens estimated as characters / 4).
-    #[arg(long, env = "TASKFLEET_MAX_BATCH_TOKENS", default_value_t = 8192)]
+    /// Token budget of one batch (tokens estimated as characters / 4). The runtime sorts a
+    /// batch by length and cuts it into its own compute batches, so a larger budget pads less:
+    /// 32768 measured 0.92-1.00x in-process throughput where 8192 gave 0.78x.
+    #[arg(long, env = "TASKFLEET_MAX_BATCH_TOKENS", default_value_t = 32768)]
     max_batch_tokens: usize,
 
     /// How long a batch waits for more requests after its first one arrived.
