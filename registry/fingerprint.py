@@ -64,6 +64,13 @@ def read_sentence_transformer_info(root: Path) -> SentenceTransformerInfo:
     bert_cfg = root / "sentence_bert_config.json"
     if bert_cfg.is_file():
         max_len = json.loads(bert_cfg.read_text()).get("max_seq_length")
+    tok_cfg = root / "tokenizer_config.json"
+    if max_len is None and tok_cfg.is_file():
+        # sentence-transformers 6 keeps the limit on the tokenizer only; transformers writes a
+        # huge sentinel when the tokenizer has none.
+        limit = json.loads(tok_cfg.read_text()).get("model_max_length")
+        if isinstance(limit, int) and limit < 1_000_000:
+            max_len = limit
     modules = root / "modules.json"
     if modules.is_file():
         for module in json.loads(modules.read_text()):
@@ -71,8 +78,9 @@ def read_sentence_transformer_info(root: Path) -> SentenceTransformerInfo:
             if not module.get("path") or not cfg.is_file():
                 continue
             data = json.loads(cfg.read_text())
-            if "word_embedding_dimension" in data:
-                dims = data["word_embedding_dimension"]
+            for key in ("word_embedding_dimension", "embedding_dimension"):  # ST <6, ST 6
+                if key in data:
+                    dims = data[key]
             if "out_features" in data:  # a Dense layer after pooling changes the size
                 dims = data["out_features"]
     return SentenceTransformerInfo(dims=dims, max_seq_length=max_len)

@@ -207,3 +207,12 @@ def test_api_keys_hashed_and_scoped(registry: Registry) -> None:
         registry.authenticate(token)
     with pytest.raises(InvalidInput, match="roles"):
         registry.create_api_key("x", roles=["god"])
+
+
+def test_model_info_read_from_sentence_transformers_folders(
+    registry: Registry, tiny_model_path: Path, minilm_path: Path
+) -> None:
+    tiny = registry.add_model("tiny", path=tiny_model_path)  # written by sentence-transformers 6
+    assert (tiny.dims, tiny.max_seq_length) == (32, 64)
+    minilm = registry.add_model("minilm", path=minilm_path)  # an older sentence-transformers folder
+    assert (minilm.dims, minilm.max_seq_length) == (384, 256)
