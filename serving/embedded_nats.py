@@ -125,8 +125,14 @@ class EmbeddedNats:
         ]
         # The server logs to stderr; a file (not a pipe nobody reads) can never block it.
         with self.log_file.open("ab") as log:
+            # Its own session: Ctrl-C in a terminal must not stop NATS before the sidecars
+            # that use it have drained; stop() ends it last.
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         if not wait_for_port(self.host, self.port, self.startup_timeout_s) or not self.running:
             detail = self._failure_detail()
