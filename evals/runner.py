@@ -7,7 +7,6 @@ transaction. Ctrl-C before that point leaves nothing half-written.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,12 +18,11 @@ from evals.harness import EvalResult, Retriever, evaluate
 from evals.report import run_markdown
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, _no_progress
 from evals.suites import BUILTIN_SUITES, SuiteSpec, get_suite
+from registry.provenance import code_version
 
 if TYPE_CHECKING:
     from registry import Registry
     from registry.entities import Candidate, EvalRun
-
-_REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -43,20 +41,6 @@ class ResolvedCandidate:
     model_fingerprint: str | None
     adapter_fingerprint: str | None
     trained_on: list[tuple[str | None, str]]
-
-
-def code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:

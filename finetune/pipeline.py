@@ -9,7 +9,6 @@ leaves a registered, unevaluated adapter that `taskfleet eval` can score later.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +26,7 @@ from finetune.trainer import StepCallback, TrainingResult
 from registry import Registry
 from registry.entities import Adapter, Candidate, EvalRun, TrainingRecord
 from registry.errors import AlreadyExists, LineageError, NotFound
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from registry.provenance import code_version
 
 
 @dataclass(frozen=True)
@@ -218,26 +216,3 @@ def tmp_cache() -> str:
 
 def default_adapter_name(task: str) -> str:
     return f"{task}-lora-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-
-
-def code_version() -> str:
-    """`git describe` of the checkout when there is one, else the installed package version."""
-    try:
-        described = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--tags"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        if described:
-            return f"git:{described}"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"taskfleet=={version('taskfleet')}"
-    except PackageNotFoundError:
-        return "unknown"

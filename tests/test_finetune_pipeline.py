@@ -119,8 +119,8 @@ def test_artifact_round_trip_and_served_embeddings(
     from finetune.data import load_training_pairs
     from finetune.job import train_adapter
     from finetune.modeling import embed_no_grad
-    from finetune.pipeline import code_version
     from registry.entities import TrainingRecord
+    from registry.provenance import code_version
 
     data = load_training_pairs(get_suite("german-legal-retrieval", location=suite_dir))
     trained = train_adapter(reg.model_path("tiny"), data, HP, tmp_path / "adapter")
