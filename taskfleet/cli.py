@@ -95,7 +95,22 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _quiet_libraries() -> None:
+    """Our progress bars and one-line messages are what a user should read; the libraries'
+    weight-loading bars and deprecation chatter are noise on every command."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
+
+
 def main() -> None:
+    _quiet_libraries()
     try:
         app()
     except KeyboardInterrupt:
