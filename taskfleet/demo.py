@@ -8,6 +8,7 @@ type it, against a throwaway home (`demo-home/`). Evaluations use the documented
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -99,6 +100,24 @@ def evaluate_and_finetune() -> None:
     tf("promotions", TASK)
 
 
+def _wait_for_fleet_mirror(timeout_s: float = 20.0) -> None:
+    """The fleet watcher mirrors heartbeats into the registry every few seconds; wait for the
+    worker's report of the served epoch so `placements` shows the converged fleet."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = subprocess.run(
+            [sys.executable, "-m", "taskfleet", "placement", "ls", "--json"],
+            env=_env(),
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode == 0 and all(
+            p["converged"] for p in json.loads(result.stdout)["placements"]
+        ):
+            return
+        time.sleep(1)
+
+
 def serve(api_key: str) -> None:
     console.rule("5. start the fleet and call the task by name")
     command = [
@@ -135,6 +154,7 @@ def serve(api_key: str) -> None:
                 break
             time.sleep(3)  # the worker is still loading the champion
         tf(*call)
+        _wait_for_fleet_mirror()
         tf("placements")
         console.rule("done")
         console.print(f"dashboard: http://127.0.0.1:{CONTROL_PORT}/  (log in with the key below)")
