@@ -17,7 +17,7 @@ from evals.beir import RetrievalSplit, load_split
 from evals.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, bootstrap_ci
 from evals.errors import SplitLeakError, SuiteDataError
 from evals.metrics import max_depth, mean_scores, per_query_scores
-from evals.retrievers import ProgressFn, RetrievalOutput, _no_progress
+from evals.retrievers import ProgressFn, RetrievalOutput, no_progress
 from evals.suites import SuiteSpec
 
 
@@ -87,7 +87,7 @@ def evaluate(
     trained_on: Iterable[tuple[str | None, str]] = (),
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
-    progress: ProgressFn = _no_progress,
+    progress: ProgressFn = no_progress,
 ) -> EvalResult:
     started = time.perf_counter()
     check_split_allowed(suite, split, trained_on)
@@ -114,7 +114,7 @@ def score(
     sample: int | None = None,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
-    progress: ProgressFn = _no_progress,
+    progress: ProgressFn = no_progress,
     started: float | None = None,
 ) -> EvalResult:
     """Retrieve and score an already-loaded split."""

@@ -27,7 +27,7 @@ ProgressFn = Callable[[str, int, int], None]  # (phase, items done now, phase to
 Results = dict[str, dict[str, float]]
 
 
-def _no_progress(phase: str, advance: int, total: int) -> None:
+def no_progress(phase: str, advance: int, total: int) -> None:
     return None
 
 
@@ -110,7 +110,7 @@ class DenseRetriever:
         return matrix, hits
 
     def retrieve(
-        self, data: RetrievalSplit, k: int, progress: ProgressFn = _no_progress
+        self, data: RetrievalSplit, k: int, progress: ProgressFn = no_progress
     ) -> RetrievalOutput:
         from serving.runtime.encoder import EncodeStats
 
@@ -200,7 +200,7 @@ class BM25Retriever:
         self.query_batch = query_batch
 
     def retrieve(
-        self, data: RetrievalSplit, k: int, progress: ProgressFn = _no_progress
+        self, data: RetrievalSplit, k: int, progress: ProgressFn = no_progress
     ) -> RetrievalOutput:
         import bm25s
 

@@ -16,7 +16,7 @@ from evals.cache import EmbeddingCache
 from evals.errors import CandidateError, EvalError, EvalInterrupted
 from evals.harness import EvalResult, Retriever, evaluate
 from evals.report import run_markdown
-from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, _no_progress
+from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
 from evals.suites import BUILTIN_SUITES, SuiteSpec, get_suite
 from registry.provenance import code_version
 
@@ -93,7 +93,7 @@ def run_eval(
     *,
     split: str | None = None,
     sample: int | None = None,
-    progress: ProgressFn = _no_progress,
+    progress: ProgressFn = no_progress,
 ) -> EvalRun:
     """Evaluate a registered candidate on its task's suite and record the run."""
     from registry.entities import EvalRunCreate
@@ -249,7 +249,7 @@ def evaluate_sample(
     paths: EvalPaths,
     *,
     sample: int = DEMO_SAMPLE,
-    progress: ProgressFn = _no_progress,
+    progress: ProgressFn = no_progress,
 ) -> dict[str, EvalRun]:
     """Evaluate several candidates on the same documented sample; each run is recorded."""
     return {

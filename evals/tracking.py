@@ -15,7 +15,7 @@ from pathlib import Path
 EXPERIMENT_PREFIX = "taskfleet-eval"
 
 
-def _quiet_offline_env() -> None:
+def quiet_offline_env() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -40,7 +40,7 @@ def log_eval_run(
     report_markdown: str,
 ) -> str:
     """Log one run and return its MLflow run id."""
-    _quiet_offline_env()
+    quiet_offline_env()
     if tracking_uri.startswith("sqlite:///"):
         Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     import mlflow

@@ -15,7 +15,7 @@ import numpy as np
 
 from finetune.config import LoraHyperparameters
 from finetune.errors import AdapterConfigError
-from serving.runtime.encoder import ModelLoadError, _replace_network, attach_adapter
+from serving.runtime.encoder import ModelLoadError, attach_adapter, replace_network
 
 
 def add_trainable_lora(model: Any, hp: LoraHyperparameters, parent_adapter: Path | None) -> None:
@@ -43,7 +43,7 @@ def add_trainable_lora(model: Any, hp: LoraHyperparameters, parent_adapter: Path
     )
     try:
         # Installed the way attach_adapter installs a served adapter, so forward is identical.
-        _replace_network(transformer, get_peft_model(transformer.auto_model, config))
+        replace_network(transformer, get_peft_model(transformer.auto_model, config))
     except ValueError as exc:  # peft's message for modules it cannot adapt
         raise AdapterConfigError(f"LoRA config does not fit the base model: {exc}") from exc
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 # One MLflow convention for the project: offline, artifacts beside a local SQLite store.
-from evals.tracking import _quiet_offline_env, artifact_root
+from evals.tracking import artifact_root, quiet_offline_env
 from finetune.errors import FinetuneError
 
 EXPERIMENT_PREFIX = "taskfleet-finetune"
@@ -26,7 +26,7 @@ class TrainingRun:
         self._client: Any = None
         if tracking_uri is None:
             return
-        _quiet_offline_env()
+        quiet_offline_env()
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         import mlflow

@@ -215,7 +215,7 @@ def attach_adapter(model: Any, adapter_path: Path, name: str = "default") -> Non
         )
     except Exception as exc:
         raise ModelLoadError(f"adapter {adapter_path} does not fit this base model: {exc}") from exc
-    _replace_network(transformer, wrapped)
+    replace_network(transformer, wrapped)
 
 
 def detach_adapter(model: Any, name: str) -> None:
@@ -227,12 +227,12 @@ def detach_adapter(model: Any, name: str) -> None:
     if not isinstance(wrapped, PeftModel) or name not in wrapped.peft_config:
         raise KeyError(f"no adapter named {name!r} is attached")
     if len(wrapped.peft_config) == 1:
-        _replace_network(transformer, wrapped.unload())
+        replace_network(transformer, wrapped.unload())
     else:
         wrapped.delete_adapter(name)
 
 
-def _replace_network(transformer: Any, network: Any) -> None:
+def replace_network(transformer: Any, network: Any) -> None:
     # sentence-transformers >= 6 keeps the network in `.model`; `auto_model` is a read-only view.
     if isinstance(getattr(type(transformer), "auto_model", None), property):
         transformer.model = network
