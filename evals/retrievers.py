@@ -57,7 +57,7 @@ class DenseRetriever:
         model_fingerprint: str,
         adapter_fingerprint: str | None,
         cache: EmbeddingCache,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.spec = spec
         self.model_fingerprint = model_fingerprint

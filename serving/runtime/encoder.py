@@ -97,6 +97,13 @@ def plan_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: 
     return batches
 
 
+def default_batch_limits(device: str) -> tuple[int, int]:
+    """(padded tokens, texts) per forward pass. On a CPU small passes stay in cache: for MiniLM
+    on GerLayQA passages 4096/32 ran ~20% faster than 16384/128 (and than
+    sentence-transformers' own encode); accelerators want large batches."""
+    return (4096, 32) if device == "cpu" else (16384, 128)
+
+
 class Encoder:
     """A loaded base model (+ optional active LoRA adapter) that turns texts into vectors."""
 
@@ -105,16 +112,17 @@ class Encoder:
         spec: ModelSpec,
         *,
         device: str = "cpu",
-        max_batch_tokens: int = 16384,
-        max_batch_size: int = 128,
+        max_batch_tokens: int | None = None,
+        max_batch_size: int | None = None,
         model: Any | None = None,
     ) -> None:
         """``model``: an already loaded SentenceTransformer to share (the serving runtime keeps
         one base per path); by default the model is loaded from ``spec``."""
         self.spec = spec
         self.device = device
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_size = max_batch_size
+        default_tokens, default_size = default_batch_limits(device)
+        self.max_batch_tokens = max_batch_tokens or default_tokens
+        self.max_batch_size = max_batch_size or default_size
         self.model = model if model is not None else load_sentence_transformer(spec, device=device)
 
     @property

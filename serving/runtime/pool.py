@@ -71,7 +71,9 @@ def module_bytes(module: Any) -> int:
 
 
 class ModelPool:
-    def __init__(self, *, device: str, max_batch_tokens: int, max_batch_size: int) -> None:
+    def __init__(
+        self, *, device: str, max_batch_tokens: int | None, max_batch_size: int | None
+    ) -> None:
         self.device = device
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size

@@ -245,9 +245,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--socket", required=True, type=Path, help="Unix socket path to listen on")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     parser.add_argument(
-        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass"
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass (default: 4096 on cpu, 16384 on accelerators)",
     )
-    parser.add_argument("--max-batch-size", type=int, default=128, help="texts per forward pass")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="texts per forward pass (default: 32 on cpu, 128 on accelerators)",
+    )
     parser.add_argument(
         "--max-frame-bytes",
         type=int,
