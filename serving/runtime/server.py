@@ -93,6 +93,11 @@ class RuntimeServer:
                 task.add_done_callback(self._tasks.discard)
         except ConnectionError:
             pass  # the peer went away; its in-flight replies have nowhere to go
+        except asyncio.CancelledError:
+            # Shutdown cancels idle connections. Ending normally here matters on Python 3.11,
+            # whose stream callback calls task.exception() on a cancelled handler and logs
+            # the CancelledError as an error traceback.
+            pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
