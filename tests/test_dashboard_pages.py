@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 from registry import Registry
 from registry.api import create_app
 from registry.dashboard import mount_dashboard
-from registry.entities import EvalRunCreate, WorkerReport
+from registry.entities import WorkerReport
+from tests.evalrun_fixture import record_run
 from tests.test_registry import make_adapter_dir, make_model_dir, training
 
-QUERIES = [f"q{i}" for i in range(60)]
 TASK = "legal"
 CHAMPION = "base-a+ft-v1"
 CHALLENGER = "base-a+ft-v2"  # beats the champion by the rule
@@ -32,24 +32,7 @@ WEAK = "base-b"  # better than nothing, not better than the champion
 def record(
     reg: Registry, candidate: str, level: float, *, noise: float = 0.0, items_per_s: float = 100.0
 ) -> int:
-    per_query = {q: level + (noise if i % 2 else -noise) for i, q in enumerate(QUERIES)}
-    mean = sum(per_query.values()) / len(per_query)
-    run = reg.record_eval_run(
-        EvalRunCreate(
-            task=TASK,
-            candidate=candidate,
-            suite_name="legal-suite",
-            suite_version="1",
-            suite_fingerprint="f" * 64,
-            split="eval",
-            main_metric="ndcg_at_10",
-            metrics={"ndcg_at_10": mean, "recall_at_100": min(1.0, mean + 0.3)},
-            ci={"ndcg_at_10": (mean - 0.02, mean + 0.02)},
-            cost={"items_per_s": items_per_s},
-            per_query=per_query,
-        )
-    )
-    return run.id
+    return record_run(reg, TASK, candidate, level, noise=noise, items_per_s=items_per_s)
 
 
 def report(

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.entities import EvalRunCreate
 from serving.client import Client
+from tests.evalrun_fixture import record_run
 from tests.fleet_fixture import LocalFleet, wait_until
 from tests.nats_fixture import unique_task
 from tests.tiny_model import build_tiny_model
 
-QUERIES = [f"q{i}" for i in range(40)]
 TEXT = "Der Vermieter behält die Kaution."
 
 
@@ -28,24 +27,6 @@ class Reply:
     epoch: int
     model_key: str
     vector: np.ndarray
-
-
-def _record_run(fleet: LocalFleet, task: str, candidate: str, level: float) -> None:
-    fleet.reg.record_eval_run(
-        EvalRunCreate(
-            task=task,
-            candidate=candidate,
-            suite_name="test-suite",
-            suite_version="1",
-            suite_fingerprint="e" * 64,
-            split="eval",
-            main_metric="ndcg_at_10",
-            metrics={"ndcg_at_10": level},
-            ci={"ndcg_at_10": (level - 0.01, level + 0.01)},
-            cost={},
-            per_query={q: level + (0.01 if i % 2 else -0.01) for i, q in enumerate(QUERIES)},
-        )
-    )
 
 
 def _caller(url: str, task: str, stop: threading.Event, replies: list[Reply], errors: list[str]):
@@ -73,8 +54,8 @@ def test_promote_and_roll_back_under_load(tmp_path: Path) -> None:
         reg.add_model("model-b", path=model_b)
         reg.add_candidate(task, base="model-a")
         reg.add_candidate(task, base="model-b")
-        _record_run(fleet, task, "model-a", 0.30)
-        _record_run(fleet, task, "model-b", 0.40)
+        record_run(reg, task, "model-a", 0.30)
+        record_run(reg, task, "model-b", 0.40)
 
         first = reg.promote(task, "model-a", reason="first champion")
         fleet.serving(task, first.epoch)

@@ -7,32 +7,10 @@ from pathlib import Path
 import pytest
 
 from registry import Conflict, InvalidInput, NotFound, PermissionDenied, Registry
-from registry.entities import EvalRunCreate
 from registry.promotions import PromotionRuleNotMet
+from tests.evalrun_fixture import QUERIES
+from tests.evalrun_fixture import record_run as record
 from tests.test_registry import make_model_dir
-
-QUERIES = [f"q{i}" for i in range(60)]
-
-
-def record(reg: Registry, task: str, candidate: str, level: float, noise: float = 0.0) -> int:
-    per_query = {q: level + (noise if i % 2 else -noise) for i, q in enumerate(QUERIES)}
-    mean = sum(per_query.values()) / len(per_query)
-    run = reg.record_eval_run(
-        EvalRunCreate(
-            task=task,
-            candidate=candidate,
-            suite_name="suite",
-            suite_version="1",
-            suite_fingerprint="f" * 64,
-            split="eval",
-            main_metric="ndcg_at_10",
-            metrics={"ndcg_at_10": mean},
-            ci={"ndcg_at_10": (mean - 0.01, mean + 0.01)},
-            cost={},
-            per_query=per_query,
-        )
-    )
-    return run.id
 
 
 @pytest.fixture
