@@ -13,6 +13,7 @@ from registry.errors import (
     NotFound,
     PermissionDenied,
     RegistryError,
+    Unauthenticated,
 )
 from registry.service import Registry
 
@@ -26,4 +27,5 @@ __all__ = [
     "PermissionDenied",
     "Registry",
     "RegistryError",
+    "Unauthenticated",
 ]

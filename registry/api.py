@@ -6,20 +6,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Header
 from pydantic import BaseModel, Field
 
+from httpapi.docs import mount_docs
+from httpapi.handlers import ERROR_RESPONSES, install_error_handlers
 from registry import entities as e
-from registry.errors import PermissionDenied, RegistryError
+from registry.dashboard import mount_dashboard
+from registry.dashboard.rendering import error_page
+from registry.errors import PermissionDenied, Unauthenticated
+from registry.keys import bearer_token
 from registry.promotions import UNSET
 from registry.service import Registry
-
-
-def error_body(code: str, message: str, retryable: bool = False) -> dict[str, Any]:
-    """The one public error shape."""
-    return {"error": {"code": code, "message": message, "retryable": retryable}}
 
 
 class TaskIn(BaseModel):
@@ -110,29 +108,20 @@ def create_app(
         title="taskfleet control plane",
         version="1",
         description="Tasks, models, adapters, candidates, eval runs and placements.",
+        responses=ERROR_RESPONSES,
+        docs_url=None,
+        redoc_url=None,
     )
-
-    @app.exception_handler(RegistryError)
-    async def _registry_error(_: Request, exc: RegistryError) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.code, str(exc), exc.retryable), status_code=exc.http_status
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        message = f"{where}: {first.get('msg', 'invalid request')}"
-        return JSONResponse(error_body("BAD_REQUEST", message), status_code=400)
 
     def actor(
         authorization: Annotated[str | None, Header()] = None,
     ) -> tuple[Registry, list[str]]:
         if not require_auth:
             return registry.as_actor("api:anonymous"), ["admin"]
-        if not authorization or not authorization.startswith("Bearer "):
-            raise _Unauthenticated()
-        key = registry.authenticate(authorization.removeprefix("Bearer ").strip())
+        token = bearer_token(authorization)
+        if token is None:
+            raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+        key = registry.authenticate(token)
         # The service enforces role-bound rules itself (promotion overrides need admin).
         return registry.as_actor(f"key:{key.name}", key.roles), key.roles
 
@@ -143,13 +132,6 @@ def create_app(
         if not set(have) & set(roles or ("admin",)):
             raise PermissionDenied(f"this needs one of the roles: {', '.join(roles or ('admin',))}")
         return reg
-
-    @app.exception_handler(_Unauthenticated)
-    async def _unauth(_: Request, exc: _Unauthenticated) -> JSONResponse:
-        return JSONResponse(
-            error_body("UNAUTHENTICATED", "send 'Authorization: Bearer <api key>'"),
-            status_code=401,
-        )
 
     @app.get("/api/v1/tasks")
     def list_tasks(who: Actor) -> list[dict[str, Any]]:
@@ -292,12 +274,7 @@ def create_app(
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    # Imported here: the dashboard's error pages use this module's `error_body`.
-    from registry.dashboard import mount_dashboard
-
     mount_dashboard(app, registry, require_auth=require_auth, session_secret=session_secret)
+    mount_docs(app)
+    install_error_handlers(app, html=error_page)
     return app
-
-
-class _Unauthenticated(Exception):
-    pass

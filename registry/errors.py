@@ -1,58 +1,58 @@
-"""Precise registry exceptions; the CLI and the REST edge translate them to the public shape."""
+"""Precise registry exceptions. Each is an `httpapi.errors.ApiError`, so the REST edge, the
+dashboard and the gateway answer it in the one public shape, and the CLI prints its message."""
 
 from __future__ import annotations
 
+from httpapi.errors import ApiError, ErrorCode
 
-class RegistryError(Exception):
+
+class RegistryError(ApiError):
     """Base class: every registry failure a caller can expect."""
 
-    code = "REGISTRY_ERROR"
-    http_status = 400
-    retryable = False
+    code = ErrorCode.BAD_REQUEST
 
 
 class NotFound(RegistryError):
-    code = "NOT_FOUND"
-    http_status = 404
+    code = ErrorCode.NOT_FOUND
 
 
 class AlreadyExists(RegistryError):
-    code = "ALREADY_EXISTS"
-    http_status = 409
+    code = ErrorCode.ALREADY_EXISTS
 
 
 class InvalidInput(RegistryError):
-    code = "INVALID_INPUT"
-    http_status = 400
+    code = ErrorCode.BAD_REQUEST
 
 
 class LineageError(InvalidInput):
-    code = "LINEAGE_ERROR"
+    code = ErrorCode.LINEAGE_ERROR
 
 
 class Conflict(RegistryError):
     """The state changed under the caller (stale form, concurrent writer)."""
 
-    code = "CONFLICT"
-    http_status = 409
-    retryable = True
+    code = ErrorCode.CONFLICT
+
+
+class Unauthenticated(RegistryError):
+    """No key, or an unknown, malformed or revoked one: who is asking is not known."""
+
+    code = ErrorCode.UNAUTHENTICATED
 
 
 class PermissionDenied(RegistryError):
-    code = "FORBIDDEN"
-    http_status = 403
+    """The caller is known, but its roles or task list do not allow this."""
+
+    code = ErrorCode.FORBIDDEN
 
 
 class ArtifactError(RegistryError):
     """A stored artifact is missing or does not match its sha256."""
 
-    code = "ARTIFACT_ERROR"
-    http_status = 500
+    code = ErrorCode.ARTIFACT_ERROR
 
 
 class DatabaseError(RegistryError):
     """The database URL is malformed or the database cannot be reached."""
 
-    code = "DATABASE_ERROR"
-    http_status = 503
-    retryable = True
+    code = ErrorCode.DATABASE_ERROR

@@ -11,11 +11,25 @@ from sqlalchemy import select
 from registry import entities as e
 from registry.base import ServiceBase
 from registry.catalog import check_name
-from registry.errors import AlreadyExists, InvalidInput, NotFound, PermissionDenied
+from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
 from registry.models import ApiKeyRow, utcnow
 
 ROLES = ("viewer", "promoter", "admin", "caller")
 TOKEN_PREFIX = "tfk"
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive,
+    RFC 9110), or None when the header is absent or names another scheme."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def key_prefix(token: str) -> str | None:
+    """The public prefix of a well-formed token (`tfk_<prefix>_<secret>`), else None."""
+    parts = token.split("_", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == TOKEN_PREFIX and parts[1] else None
 
 
 def _hash(secret: str) -> str:
@@ -50,15 +64,15 @@ class ApiKeyMixin(ServiceBase):
             return _entity(row), token
 
     def authenticate(self, token: str) -> e.ApiKey:
-        parts = token.split("_", 2)
-        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
-            raise PermissionDenied("malformed API key")
+        prefix = key_prefix(token)
+        if prefix is None:
+            raise Unauthenticated("malformed API key")
         with self._read() as s:
-            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == parts[1]))
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))
             if row is None or not hmac.compare_digest(row.secret_hash, _hash(token)):
-                raise PermissionDenied("unknown API key")
+                raise Unauthenticated("unknown API key")
             if row.revoked_at is not None:
-                raise PermissionDenied(f"API key {row.name!r} was revoked")
+                raise Unauthenticated(f"API key {row.name!r} was revoked")
             return _entity(row)
 
     def revoke_api_key(self, name: str) -> None:

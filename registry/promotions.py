@@ -12,6 +12,7 @@ from dataclasses import replace
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from httpapi.errors import ErrorCode
 from registry import entities as e
 from registry.catalog import CatalogMixin, _candidate_row, _task_row, candidate_entity
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
@@ -26,7 +27,7 @@ UNSET = "\0unset"
 
 
 class PromotionRuleNotMet(InvalidInput):
-    code = "PROMOTION_RULE_NOT_MET"
+    code = ErrorCode.PROMOTION_RULE_NOT_MET
 
 
 class PromotionMixin(CatalogMixin):

@@ -180,6 +180,6 @@ def test_call_command_prints_shape_norms_and_what_served(open_stack: Stack) -> N
         assert f"{norm:.4f}" in result.output
         unknown = CliRunner().invoke(app, ["no-such-task", "-t", "x", "--url", open_stack.url])
         assert unknown.exit_code == 1
-        assert "UNKNOWN_TASK" in unknown.output and "Traceback" not in unknown.output
+        assert "404 NOT_FOUND" in unknown.output and "Traceback" not in unknown.output
     finally:
         open_stack.loop.run(peer.stop())

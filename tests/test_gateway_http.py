@@ -56,7 +56,7 @@ def error_of(response: httpx.Response) -> dict[str, object]:
 def test_unknown_task_is_404(stack: Stack) -> None:
     response = post_msgpack(stack.url, "no-such-task", {"inputs": ["x"]})
     assert response.status_code == 404
-    assert error_of(response)["code"] == "UNKNOWN_TASK"
+    assert error_of(response)["code"] == "NOT_FOUND"
 
 
 def test_unknown_route_uses_the_error_shape(stack: Stack) -> None:

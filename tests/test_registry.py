@@ -201,9 +201,9 @@ def test_api_keys_hashed_and_scoped(registry: Registry) -> None:
         stored = s.scalar(select(ApiKeyRow.secret_hash))
     assert stored is not None and token not in stored
     registry.revoke_api_key("lead")
-    from registry import PermissionDenied
+    from registry import Unauthenticated
 
-    with pytest.raises(PermissionDenied, match="revoked"):
+    with pytest.raises(Unauthenticated, match="revoked"):
         registry.authenticate(token)
     with pytest.raises(InvalidInput, match="roles"):
         registry.create_api_key("x", roles=["god"])

@@ -16,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render
 from registry.dashboard.session import User, check_csrf, flash, sign_in, sign_out
-from registry.errors import Conflict, InvalidInput, PermissionDenied
+from registry.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
 
 FormField = Annotated[str, Form()]
 OptionalField = Annotated[str | None, Form()]
@@ -40,7 +40,7 @@ def action_router(dash: Dashboard) -> APIRouter:
         check_csrf(request, csrf_token)
         try:
             key = reg.authenticate(api_key.strip())
-        except PermissionDenied as exc:  # unknown, malformed or revoked: not authenticated
+        except Unauthenticated as exc:  # unknown, malformed or revoked
             return render(request, "login.html", 401, next=_local(next), error=str(exc))
         try:
             sign_in(request, key)

@@ -14,10 +14,11 @@ from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 
+from httpapi.errors import ApiError
+from httpapi.handlers import error_response as json_error
 from registry.dashboard.session import LoginRequired, csrf_token, pop_flashes
-from registry.errors import RegistryError
 
 log = logging.getLogger("taskfleet.dashboard")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -74,15 +75,17 @@ def wants_json(request: Request) -> bool:
     return "application/json" in accept and "text/html" not in accept
 
 
-def error_response(
-    request: Request, status: int, code: str, message: str, retryable: bool = False
-) -> Response:
-    """The public error shape for programs; the same facts as a page for people."""
-    from registry.api import error_body  # the API module mounts the dashboard: import late
-
-    if wants_json(request):
-        return JSONResponse(error_body(code, message, retryable), status_code=status)
+def error_page(request: Request, exc: ApiError) -> Response | None:
+    """The same facts as the public error shape, as a page for people; None for programs
+    (the REST API under /api/, or a client that asks for JSON), which get the JSON shape."""
+    if request.url.path.startswith("/api/") or wants_json(request):
+        return None
+    status, code, message = exc.status, exc.code, exc.message
     return render(request, "error.html", status, status=status, code=code, message=message)
+
+
+def error_response(request: Request, exc: ApiError) -> Response:
+    return error_page(request, exc) or json_error(exc)
 
 
 class DashboardRoute(APIRoute):
@@ -97,14 +100,14 @@ class DashboardRoute(APIRoute):
             except LoginRequired:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
-            except RegistryError as exc:
-                return error_response(request, exc.http_status, exc.code, str(exc), exc.retryable)
+            except ApiError as exc:
+                return error_response(request, exc)
             except (HTTPException, RequestValidationError):
                 raise  # the app's own handlers answer these
             except Exception:
                 log.exception("dashboard page failed: %s %s", request.method, request.url.path)
                 return error_response(
-                    request, 500, "INTERNAL", "something went wrong; the server log has details"
+                    request, ApiError("something went wrong; the server log has details")
                 )
 
         return guarded

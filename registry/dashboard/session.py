@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from httpapi.errors import ErrorCode
 from registry.entities import ApiKey
 from registry.errors import PermissionDenied
 from registry.promotions import PROMOTE_ROLES
@@ -27,7 +28,7 @@ DASHBOARD_ROLES = ("viewer", "promoter", "admin")
 class CsrfRefused(PermissionDenied):
     """A form POST without this session's token: forged, or from an expired session."""
 
-    code = "CSRF_REFUSED"
+    code = ErrorCode.CSRF_REFUSED
 
 
 class LoginRequired(Exception):

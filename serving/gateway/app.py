@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from registry.api import error_body
-from registry.errors import NotFound, PermissionDenied, RegistryError
+from httpapi.docs import mount_docs
+from httpapi.errors import ApiError
+from httpapi.handlers import ERROR_RESPONSES, error_response, install_error_handlers
+from registry.errors import NotFound
+from registry.keys import bearer_token
 from registry.service import Registry
 from serving import nats_layout
 from serving.gateway import bodies
@@ -96,31 +98,24 @@ def create_gateway(
         version="1",
         description="Embeddings by task name: POST /v1/tasks/{task} and OpenAI's /v1/embeddings.",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        docs_url=None,
+        redoc_url=None,
     )
+    install_error_handlers(app)
+    mount_docs(app)
     app.state.dispatcher = dispatcher
     app.state.metrics = metrics
     app.state.settings = settings
-
-    @app.exception_handler(GatewayError)
-    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "NOT_FOUND" if exc.status_code == 404 else "HTTP_ERROR"
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
 
     async def authenticate(request: Request) -> list[str] | None:
         """The task list of the caller's key (empty = every task); None when auth is off."""
         if not settings.require_auth:
             return None
-        header = request.headers.get("authorization", "")
-        if not header.startswith("Bearer "):
+        token = bearer_token(request.headers.get("authorization"))
+        if token is None:
             raise Unauthenticated("send 'Authorization: Bearer <api key>'")
-        try:
-            key = await run_in_threadpool(registry.authenticate, header[7:].strip())
-        except PermissionDenied as exc:
-            raise Unauthenticated(str(exc)) from exc
+        key = await run_in_threadpool(registry.authenticate, token)
         if not CALL_ROLES & set(key.roles):
             raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
         return key.tasks
@@ -132,10 +127,6 @@ def create_gateway(
             placement = await run_in_threadpool(registry.current_placement, task)
         except NotFound as exc:
             raise UnknownTask(f"unknown task {task!r}") from exc
-        except RegistryError as exc:
-            raise GatewayError(
-                str(exc), code=exc.code, status=exc.http_status, retryable=exc.retryable
-            ) from exc
         outcome.task = task
         try:
             nats_layout.check_task_name(task)
@@ -175,7 +166,7 @@ def create_gateway(
         started = time.perf_counter()
         try:
             response = await handler()
-        except GatewayError as exc:
+        except ApiError as exc:  # the gateway's own refusals and the registry's
             response = error_response(exc)
         except Exception:
             # A bug or an unforeseen failure still answers in the one error shape; the
@@ -254,13 +245,6 @@ def served_by(reply: ReplyOk) -> dict[str, str]:
         "X-Taskfleet-Model": reply.model_key,
         "X-Request-Id": reply.request_id,
     }
-
-
-def error_response(exc: GatewayError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
-    return JSONResponse(
-        error_body(exc.code, exc.message, exc.retryable), status_code=exc.status, headers=headers
-    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -1,77 +1,53 @@
 """Gateway failures, each one HTTP status and one code of the public error shape.
 
-Inside the gateway code raises these; the app's one exception handler turns them into
-``registry.api.error_body`` JSON, adding ``Retry-After`` for the retryable 503s.
+Inside the gateway code raises these; ``httpapi.handlers`` turns them into the one public error
+shape (``httpapi.errors``), adding ``Retry-After`` for the retryable 503s.
 """
 
 from __future__ import annotations
 
+from httpapi.errors import ApiError, ErrorCode
 from serving.protocol import ErrorInfo
 
 
-class GatewayError(Exception):
-    status = 500
-    code = "INTERNAL"
-    retryable = False
+class GatewayError(ApiError):
+    """A refusal or failure of the gateway; `httpapi` answers it in the one public shape."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str | None = None,
-        status: int | None = None,
-        retryable: bool | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code or type(self).code
-        self.status = status or type(self).status
-        self.retryable = type(self).retryable if retryable is None else retryable
-        self.retry_after_s = retry_after_s
+    code = ErrorCode.INTERNAL
 
 
 class BadRequest(GatewayError):
-    status = 400
-    code = "BAD_REQUEST"
+    code = ErrorCode.BAD_REQUEST
 
 
 class Unauthenticated(GatewayError):
-    status = 401
-    code = "UNAUTHENTICATED"
+    code = ErrorCode.UNAUTHENTICATED
 
 
 class Forbidden(GatewayError):
-    status = 403
-    code = "FORBIDDEN"
+    code = ErrorCode.FORBIDDEN
 
 
 class UnknownTask(GatewayError):
-    status = 404
-    code = "UNKNOWN_TASK"
+    code = ErrorCode.NOT_FOUND
 
 
 class PayloadTooLarge(GatewayError):
-    status = 413
-    code = "PAYLOAD_TOO_LARGE"
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class UnsupportedMediaType(GatewayError):
-    status = 415
-    code = "UNSUPPORTED_MEDIA_TYPE"
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class Unavailable(GatewayError):
     """No worker can take the task yet (not placed, no live worker, NATS down): retry later."""
 
-    status = 503
-    code = "UNAVAILABLE"
-    retryable = True
+    code = ErrorCode.UNAVAILABLE
 
 
 class DeadlineExceeded(GatewayError):
-    status = 504
-    code = "DEADLINE_EXCEEDED"
+    code = ErrorCode.DEADLINE_EXCEEDED
 
 
 # Worker error codes (docs/protocol.md and the sidecar's settle paths) -> HTTP status.
