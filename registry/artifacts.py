@@ -24,7 +24,9 @@ class ArtifactStore:
         """Copy a folder into the store; idempotent for identical content."""
         if not source.is_dir():
             raise InvalidInput(f"artifact folder does not exist: {source}")
-        digest = tree_sha256(source)
+        # Links and special files are refused, never followed: a link to /etc/passwd in an
+        # adapter folder must not copy that file into the store.
+        digest = tree_sha256(source, regular_only=True)
         if digest.files == 0:
             raise InvalidInput(f"artifact folder is empty: {source}")
         target = self.path_for(digest.sha256)
@@ -36,8 +38,9 @@ class ArtifactStore:
         # under its final name, and two writers of the same content both end up with one copy.
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         try:
-            shutil.copytree(source, staging, dirs_exist_ok=True)
-            copied = tree_sha256(staging)
+            # A link that appeared since the check is copied as a link and refused below.
+            shutil.copytree(source, staging, symlinks=True, dirs_exist_ok=True)
+            copied = tree_sha256(staging, regular_only=True)
             if copied.sha256 != digest.sha256:
                 raise ArtifactError(f"artifact changed while it was being stored: {source}")
             try:
@@ -55,7 +58,7 @@ class ArtifactStore:
         path = self.path_for(sha256)
         if not path.is_dir():
             raise ArtifactError(f"artifact {sha256[:12]} is missing from the store at {path}")
-        actual = tree_sha256(path).sha256
+        actual = tree_sha256(path, regular_only=True).sha256
         if actual != sha256:
             raise ArtifactError(
                 f"artifact {sha256[:12]} is corrupted: its content hashes to {actual[:12]}"

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from registry.errors import InvalidInput
 
 _CHUNK = 1 << 20
 _SKIP_NAMES = {".git", "__pycache__", ".gitattributes", ".DS_Store"}
@@ -19,14 +23,47 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def tree_files(root: Path) -> list[Path]:
-    """Files under root that define its content, in a stable order."""
-    files = [
-        p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part in _SKIP_NAMES for part in p.relative_to(root).parts)
-    ]
+def tree_files(root: Path, *, regular_only: bool = False) -> list[Path]:
+    """Files under root that define its content, in a stable order.
+
+    `regular_only` (what the artifact store needs): a symlink or a special file (fifo, socket,
+    device) anywhere under root is refused with `InvalidInput` naming it, instead of being
+    followed (its target's bytes copied in) or silently left out.
+    """
+    if regular_only:
+        files = list(_regular_files(root))
+    else:
+        files = [
+            p
+            for p in root.rglob("*")
+            if p.is_file() and not any(part in _SKIP_NAMES for part in p.relative_to(root).parts)
+        ]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _regular_files(folder: Path) -> list[Path]:
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name in _SKIP_NAMES:
+                continue
+            path = Path(entry.path)
+            if entry.is_symlink():
+                raise InvalidInput(
+                    f"{path} is a symbolic link (to {os.readlink(path)}); artifacts hold "
+                    "regular files only: copy the file itself into the folder"
+                )
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                found += _regular_files(path)
+            elif stat.S_ISREG(mode):
+                found.append(path)
+            else:
+                raise InvalidInput(
+                    f"{path} is not a regular file (a fifo, socket or device); artifacts hold "
+                    "regular files only"
+                )
+    return found
 
 
 @dataclass(frozen=True)
@@ -36,11 +73,11 @@ class TreeDigest:
     files: int
 
 
-def tree_sha256(root: Path) -> TreeDigest:
+def tree_sha256(root: Path, *, regular_only: bool = False) -> TreeDigest:
     """sha256 over (relative path, file sha256) of every file: renames and edits both count."""
     digest = hashlib.sha256()
     size = 0
-    files = tree_files(root)
+    files = tree_files(root, regular_only=regular_only)
     for path in files:
         rel = path.relative_to(root).as_posix()
         digest.update(rel.encode())
