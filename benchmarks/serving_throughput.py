@@ -78,7 +78,9 @@ def start_stack(
     reg.add_task(TASK, suite="bench")
     reg.add_model("minilm", path=model_path)
     reg.add_candidate(TASK, base="minilm")
-    reg.set_placement(TASK, "minilm", pinned=True)  # the running publisher publishes it
+    # No eval run in a throughput benchmark: an admin override places it, pinned; the running
+    # publisher publishes it.
+    reg.promote(TASK, "minilm", override=True, reason="throughput benchmark", pinned=True)
     reg.close()
     env = {**os.environ, "PYTHONPATH": str(REPO), **extra_env}
     env.pop("TASKFLEET_NATS_URL", None)

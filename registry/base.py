@@ -7,11 +7,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.artifacts import ArtifactStore
-from registry.errors import AlreadyExists, DatabaseError
+from registry.errors import AlreadyExists, DatabaseError, InvalidInput
 from registry.models import AuditRow
 
 
@@ -37,6 +37,8 @@ class ServiceBase:
         try:
             with self._sessions() as session:
                 yield session
+        except DataError as exc:
+            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
         except OperationalError as exc:
             raise DatabaseError(f"database error: {exc.orig}") from None
 
@@ -49,6 +51,8 @@ class ServiceBase:
         except IntegrityError as exc:
             # A concurrent writer won the race past our pre-checks.
             raise AlreadyExists(f"conflicting record already exists ({_first_line(exc)})") from None
+        except DataError as exc:  # too long for its column, a NUL in PostgreSQL text, ...
+            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
         except OperationalError as exc:
             raise DatabaseError(f"database error: {exc.orig}") from None
 

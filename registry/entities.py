@@ -146,12 +146,14 @@ class Promotion:
     task: str
     candidate: str
     previous_candidate: str | None
-    kind: str  # "promote" | "rollback"
+    kind: str  # "promote" | "override" | "rollback" | "placement" (pinned/replicas only)
     actor: str
     reason: str
     eval_run_ids: list[int]
     epoch: int
     created_at: datetime
+    pinned: bool  # of the placement epoch this row wrote
+    replicas: int
 
 
 @dataclass(frozen=True)

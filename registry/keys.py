@@ -61,7 +61,7 @@ class ApiKeyMixin(ServiceBase):
             s.add(row)
             s.flush()
             self._audit(s, "apikey.create", "api_key", name, {"roles": row.roles})
-            return _entity(row), token
+            return api_key_entity(row), token
 
     def authenticate(self, token: str) -> e.ApiKey:
         prefix = key_prefix(token)
@@ -73,7 +73,7 @@ class ApiKeyMixin(ServiceBase):
                 raise Unauthenticated("unknown API key")
             if row.revoked_at is not None:
                 raise Unauthenticated(f"API key {row.name!r} was revoked")
-            return _entity(row)
+            return api_key_entity(row)
 
     def revoke_api_key(self, name: str) -> None:
         with self._write() as s:
@@ -85,10 +85,12 @@ class ApiKeyMixin(ServiceBase):
 
     def list_api_keys(self) -> list[e.ApiKey]:
         with self._read() as s:
-            return [_entity(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
+            return [
+                api_key_entity(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
+            ]
 
 
-def _entity(r: ApiKeyRow) -> e.ApiKey:
+def api_key_entity(r: ApiKeyRow) -> e.ApiKey:
     return e.ApiKey(
         r.id, r.name, r.prefix, list(r.roles), list(r.tasks), r.created_at, r.revoked_at
     )

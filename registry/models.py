@@ -193,6 +193,19 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class DashboardSessionRow(Base):
+    """A signed-in dashboard session: the cookie carries the token, the table its sha256.
+    Logging out ends the row, so a copied cookie stops working at once."""
+
+    __tablename__ = "dashboard_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    api_key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), nullable=False)
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
 class AuditRow(Base):
     __tablename__ = "audit_log"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -1,4 +1,10 @@
-"""Placements: the versioned (epoch) instruction to the fleet, with an outbox for publishing."""
+"""Placements: the versioned (epoch) instruction to the fleet, with an outbox for publishing.
+
+A new epoch is written only by `write_epoch`, together with its promotion row: promote,
+override, rollback (the candidate changes) or placement (only pinned/replicas of the champion
+change). So the promotion history names every epoch, and no route places a candidate that no
+promotion backs.
+"""
 
 from __future__ import annotations
 
@@ -7,37 +13,16 @@ from sqlalchemy.orm import Session
 
 from registry import entities as e
 from registry.base import ServiceBase
-from registry.catalog import _candidate_row, _task_row
+from registry.catalog import _task_row
 from registry.errors import InvalidInput, NotFound
-from registry.models import CandidateRow, PlacementRow, TaskRow, utcnow
+from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow, utcnow
 
 
 class PlacementMixin(ServiceBase):
-    def set_placement(
-        self, task: str, candidate: str, *, pinned: bool = False, replicas: int = 1
-    ) -> e.Placement:
-        """Write a new placement epoch for the task (published to the fleet by the outbox)."""
-        if replicas < 1:
-            raise InvalidInput("replicas must be >= 1")
-        with self._write() as s:
-            task_row = _task_row(s, task)
-            cand = _candidate_row(s, task, candidate)
-            if cand.kind == "bm25":
-                raise InvalidInput("a bm25 candidate cannot be placed on the fleet (no model)")
-            row = _new_placement(s, task_row, cand, pinned=pinned, replicas=replicas)
-            self._audit(
-                s,
-                "placement.set",
-                "placement",
-                f"{task}@{row.epoch}",
-                {"candidate": candidate, "pinned": pinned, "replicas": replicas},
-            )
-            return placement_entity(s, row)
-
     def current_placement(self, task: str) -> e.Placement | None:
         with self._read() as s:
             task_row = _task_row(s, task)
-            row = _latest(s, task_row.id)
+            row = latest_placement_row(s, task_row.id)
             return placement_entity(s, row) if row else None
 
     def list_placements(self) -> list[e.Placement]:
@@ -75,7 +60,7 @@ class PlacementMixin(ServiceBase):
                 row.published_at = utcnow()
 
 
-def _latest(s: Session, task_id: int) -> PlacementRow | None:
+def latest_placement_row(s: Session, task_id: int) -> PlacementRow | None:
     return s.scalar(
         select(PlacementRow)
         .where(PlacementRow.task_id == task_id)
@@ -84,16 +69,62 @@ def _latest(s: Session, task_id: int) -> PlacementRow | None:
     )
 
 
-def _new_placement(
-    s: Session, task_row: TaskRow, cand: CandidateRow, *, pinned: bool, replicas: int
-) -> PlacementRow:
-    latest = _latest(s, task_row.id)
-    row = PlacementRow(
+# Far above any fleet, far below any integer column's limit.
+MAX_REPLICAS = 1024
+CANDIDATE_CHANGES = ("promote", "override", "rollback")
+PROMOTION_KINDS = (*CANDIDATE_CHANGES, "placement")
+
+
+def check_replicas(replicas: int) -> int:
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise InvalidInput(f"replicas must be between 1 and {MAX_REPLICAS}; got {replicas}")
+    return replicas
+
+
+def write_epoch(
+    s: Session,
+    task_row: TaskRow,
+    cand: CandidateRow,
+    *,
+    kind: str,
+    actor: str,
+    reason: str,
+    previous: CandidateRow | None,
+    eval_run_ids: list[int],
+    pinned: bool | None = None,
+    replicas: int | None = None,
+) -> PromotionRow:
+    """The next placement epoch and the promotion row that backs it, in the caller's transaction.
+
+    `pinned`/`replicas` default to the previous epoch's (pinned and 1 for a first placement).
+    """
+    if kind not in PROMOTION_KINDS:
+        raise InvalidInput(f"unknown promotion kind {kind!r}")
+    if cand.kind == "bm25":
+        raise InvalidInput("a bm25 candidate has no model to place on the fleet")
+    latest = latest_placement_row(s, task_row.id)
+    if pinned is None:
+        pinned = latest.pinned if latest else True
+    if replicas is None:
+        replicas = latest.replicas if latest else 1
+    placement = PlacementRow(
         task_id=task_row.id,
         candidate_id=cand.id,
         epoch=(latest.epoch + 1) if latest else 1,
         pinned=pinned,
-        replicas=replicas,
+        replicas=check_replicas(replicas),
+    )
+    s.add(placement)
+    s.flush()
+    row = PromotionRow(
+        task_id=task_row.id,
+        candidate_id=cand.id,
+        previous_candidate_id=previous.id if previous else None,
+        kind=kind,
+        actor=actor,
+        reason=reason,
+        eval_run_ids=eval_run_ids,
+        placement_id=placement.id,
     )
     s.add(row)
     s.flush()

@@ -3,6 +3,10 @@
 A challenger may be promoted when its latest eval run beats the champion's run on the same
 suite version (fingerprint and split) by the task's margin, with the paired-bootstrap lower
 bound of the difference above zero. Otherwise only an admin may promote, with a reason.
+
+Every placement epoch has a promotion row, of one of four kinds: `promote` (the rule held, or a
+first champion with an eval run), `override` (an admin, with a reason), `rollback`, and
+`placement` (only pinned/replicas of the champion changed, `update_placement`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from registry.catalog import CatalogMixin, _candidate_row, _task_row, candidate_
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import latest_run_row
 from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow
-from registry.placements import _latest, _new_placement
+from registry.placements import (
+    CANDIDATE_CHANGES,
+    PROMOTION_KINDS,
+    check_replicas,
+    latest_placement_row,
+    placement_entity,
+    write_epoch,
+)
 from registry.stats import paired_difference_ci
 
 PROMOTE_ROLES = ("promoter", "admin")
@@ -28,6 +39,12 @@ UNSET = "\0unset"
 
 class PromotionRuleNotMet(InvalidInput):
     code = ErrorCode.PROMOTION_RULE_NOT_MET
+
+
+class PromotionRequired(InvalidInput):
+    """Only promote, override or rollback change the candidate a task serves."""
+
+    code = ErrorCode.PROMOTION_REQUIRED
 
 
 class PromotionMixin(CatalogMixin):
@@ -115,17 +132,21 @@ class PromotionMixin(CatalogMixin):
         reason: str = "",
         override: bool = False,
         expected_champion: str | None = UNSET,
+        pinned: bool | None = None,
+        replicas: int | None = None,
     ) -> e.Promotion:
         """Make a candidate champion: promotion record + new placement epoch, atomically.
 
         `expected_champion` guards against stale forms: if the champion changed since the
-        caller looked, nothing happens and Conflict is raised.
+        caller looked, nothing happens and Conflict is raised. `pinned`/`replicas` set the new
+        epoch's placement (default: the previous epoch's; pinned and 1 for a first champion).
         """
         if not set(self.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("promoting needs the promoter or admin role")
         if self.get_candidate(task, candidate).kind == "bm25":
             raise InvalidInput("a bm25 candidate has no model to place on the fleet")
         check = self.check_promotion(task, candidate)
+        kind = "promote"
         if not check.passes:
             if check.champion == candidate:
                 raise Conflict(check.reason)
@@ -138,15 +159,18 @@ class PromotionMixin(CatalogMixin):
                 raise PermissionDenied("overriding the promotion rule needs the admin role")
             if not reason.strip():
                 raise InvalidInput("overriding the promotion rule needs a reason")
+            kind = "override"
         run_ids = [i for i in (check.challenger_run_id, check.champion_run_id) if i is not None]
         return self._switch(
             task,
             candidate,
-            kind="promote",
+            kind=kind,
             reason=reason or check.reason,
             eval_run_ids=run_ids,
             seen_champion=check.champion,
             expected_champion=expected_champion,
+            pinned=pinned,
+            replicas=replicas,
         )
 
     def rollback(
@@ -157,7 +181,7 @@ class PromotionMixin(CatalogMixin):
             raise PermissionDenied("rolling back needs the promoter or admin role")
         with self._read() as s:
             task_row = _task_row(s, task)
-            last = _latest_promotion(s, task_row.id)
+            last = _latest_promotion(s, task_row.id, CANDIDATE_CHANGES)
             if last is None or last.previous_candidate_id is None:
                 raise InvalidInput(f"task {task!r} has no previous champion to roll back to")
             previous = s.get(CandidateRow, last.previous_candidate_id)
@@ -174,6 +198,77 @@ class PromotionMixin(CatalogMixin):
             expected_champion=expected_champion,
         )
 
+    def update_placement(
+        self,
+        task: str,
+        *,
+        pinned: bool | None = None,
+        replicas: int | None = None,
+        candidate: str | None = None,
+        reason: str = "",
+    ) -> e.Placement:
+        """Change how the champion is served (pinned, replicas): a new epoch + its history row.
+
+        What is served changes only by promote, override or rollback: naming a `candidate`
+        other than the champion is refused (`PromotionRequired`). A placement that serves
+        another candidate than the champion (written before this rule) is put back on the
+        champion. Nothing to change: the current placement, no new epoch.
+        """
+        if not set(self.roles) & set(PROMOTE_ROLES):
+            raise PermissionDenied("changing a placement needs the promoter or admin role")
+        if replicas is not None:
+            check_replicas(replicas)
+        with self._write() as s:
+            task_row = _task_row(s, task)
+            champ = _champion_row(s, task_row.id)
+            if champ is None:
+                raise PromotionRequired(
+                    f"task {task!r} has no champion yet: promote a candidate first (its "
+                    "eval run backs the placement); then pinned/replicas may change here"
+                )
+            if candidate is not None and candidate != champ.name:
+                raise PromotionRequired(
+                    f"placing {candidate!r} would change what {task!r} serves (champion: "
+                    f"{champ.name!r}); promote it (the rule decides, or an admin overrides with "
+                    "a reason) or roll back"
+                )
+            current = latest_placement_row(s, task_row.id)
+            assert current is not None  # a champion always has its placement epoch
+            pinned = current.pinned if pinned is None else pinned
+            replicas = current.replicas if replicas is None else replicas
+            if (current.candidate_id, current.pinned, current.replicas) == (
+                champ.id,
+                pinned,
+                replicas,
+            ):
+                return placement_entity(s, current)
+            placed = s.get(CandidateRow, current.candidate_id)
+            changes = _placement_changes(current, pinned, replicas)
+            if current.candidate_id != champ.id and placed is not None:
+                changes.append(f"back on the champion from {placed.name}")
+            row = write_epoch(
+                s,
+                task_row,
+                champ,
+                kind="placement",
+                actor=self.actor,
+                reason=reason.strip() or "; ".join(changes),
+                previous=placed,
+                eval_run_ids=[],
+                pinned=pinned,
+                replicas=replicas,
+            )
+            placement = s.get(PlacementRow, row.placement_id)
+            assert placement is not None
+            self._audit(
+                s,
+                "placement.set",
+                "placement",
+                f"{task}@{placement.epoch}",
+                {"candidate": champ.name, "pinned": pinned, "replicas": replicas},
+            )
+            return placement_entity(s, placement)
+
     def _switch(
         self,
         task: str,
@@ -184,6 +279,8 @@ class PromotionMixin(CatalogMixin):
         eval_run_ids: list[int],
         seen_champion: str | None,
         expected_champion: str | None,
+        pinned: bool | None = None,
+        replicas: int | None = None,
     ) -> e.Promotion:
         with self._write() as s:
             task_row = _task_row(s, task)
@@ -199,34 +296,27 @@ class PromotionMixin(CatalogMixin):
                 raise Conflict(f"the champion of {task!r} changed while checking; try again")
             if champ is not None and champ.id == cand.id:
                 raise Conflict(f"{candidate!r} is already the champion")
-            previous = _latest(s, task_row.id)
-            placement = _new_placement(
+            row = write_epoch(
                 s,
                 task_row,
                 cand,
-                pinned=previous.pinned if previous else True,
-                replicas=previous.replicas if previous else 1,
-            )
-            row = PromotionRow(
-                task_id=task_row.id,
-                candidate_id=cand.id,
-                previous_candidate_id=champ.id if champ else None,
                 kind=kind,
                 actor=self.actor,
                 reason=reason,
+                previous=champ,
                 eval_run_ids=eval_run_ids,
-                placement_id=placement.id,
+                pinned=pinned,
+                replicas=replicas,
             )
-            s.add(row)
-            s.flush()
+            entity = promotion_entity(s, row)
             self._audit(
                 s,
                 f"task.{kind}",
                 "task",
                 task,
-                {"candidate": candidate, "previous": now, "epoch": placement.epoch},
+                {"candidate": candidate, "previous": now, "epoch": entity.epoch},
             )
-            return promotion_entity(s, row)
+            return entity
 
     def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
         """After a new eval run: promote as the system if the task opted in and the rule holds."""
@@ -252,13 +342,24 @@ def _with(check: e.PromotionCheck, **changes: object) -> e.PromotionCheck:
     return replace(check, **changes)  # type: ignore[arg-type]
 
 
-def _latest_promotion(s: Session, task_id: int) -> PromotionRow | None:
+def _latest_promotion(
+    s: Session, task_id: int, kinds: tuple[str, ...] = PROMOTION_KINDS
+) -> PromotionRow | None:
     return s.scalar(
         select(PromotionRow)
-        .where(PromotionRow.task_id == task_id)
+        .where(PromotionRow.task_id == task_id, PromotionRow.kind.in_(kinds))
         .order_by(PromotionRow.id.desc())
         .limit(1)
     )
+
+
+def _placement_changes(current: PlacementRow, pinned: bool, replicas: int) -> list[str]:
+    changes = []
+    if pinned != current.pinned:
+        changes.append("pinned" if pinned else "lazy (no longer pinned)")
+    if replicas != current.replicas:
+        changes.append(f"replicas {current.replicas} -> {replicas}")
+    return changes
 
 
 def _champion_row(s: Session, task_id: int) -> CandidateRow | None:
@@ -284,4 +385,6 @@ def promotion_entity(s: Session, r: PromotionRow) -> e.Promotion:
         list(r.eval_run_ids),
         placement.epoch,
         r.created_at,
+        placement.pinned,
+        placement.replicas,
     )

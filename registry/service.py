@@ -1,7 +1,8 @@
 """The registry service: the only writer of the database.
 
 `Registry` is one facade over small per-area mixins (catalog, eval runs, placements and
-promotions, API keys); each public method is one transaction that also appends to the audit log.
+promotions, API keys, dashboard sessions); each public method is one transaction that also
+appends to the audit log.
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from registry.fleet import FleetMixin
 from registry.keys import ApiKeyMixin
 from registry.placements import PlacementMixin
 from registry.promotions import PromotionMixin
+from registry.sessions import DashboardSessionMixin
 
 
-class Registry(PromotionMixin, EvalRunMixin, PlacementMixin, ApiKeyMixin, FleetMixin):
+class Registry(
+    PromotionMixin,
+    EvalRunMixin,
+    PlacementMixin,
+    ApiKeyMixin,
+    DashboardSessionMixin,
+    FleetMixin,
+):
     @classmethod
     def open(
         cls, database_url: str, *, artifact_dir: Path, actor: str = "system", migrate: bool = True

@@ -84,16 +84,27 @@ def _require_nats() -> str:
 @placement_app.command("set")
 def placement_set(
     task: str = typer.Argument(..., help="Task name."),
-    candidate: str = typer.Argument(..., help="Candidate of the task to place."),
-    pinned: bool = typer.Option(False, "--pinned", help="Keep loaded (never evicted)."),
-    replicas: int = typer.Option(1, "--replicas", min=1, help="Workers that should serve it."),
+    candidate: str | None = typer.Argument(
+        None,
+        help="Must be the task's champion: what is served changes only by `taskfleet promote` "
+        "or `rollback`.",
+    ),
+    pinned: bool | None = typer.Option(
+        None, "--pinned/--lazy", help="Keep loaded (never evicted), or load on first demand."
+    ),
+    replicas: int | None = typer.Option(
+        None, "--replicas", min=1, help="Workers that should serve it."
+    ),
+    reason: str = typer.Option("", "--reason", help="Why (recorded in the promotion history)."),
 ) -> None:
-    """Place a candidate on the fleet (a new epoch), then publish it if NATS is reachable."""
+    """Change how the champion of TASK is served (a new epoch), then publish it if NATS is up."""
     from serving.nats_layout import ensure_layout
     from serving.placements import PlacementError, placement_value, put_placement
 
     reg = open_registry()
-    placement = reg.set_placement(task, candidate, pinned=pinned, replicas=replicas)
+    placement = reg.update_placement(
+        task, pinned=pinned, replicas=replicas, candidate=candidate, reason=reason
+    )
     try:
         value = placement_value(reg, placement)
     except PlacementError as exc:
@@ -101,8 +112,9 @@ def placement_set(
             f"placement {task}@{placement.epoch} recorded but cannot be served: {exc}"
         ) from None
     out.print(
-        f"placement [bold]{task}[/bold] epoch {placement.epoch}: {candidate} "
-        f"({'pinned' if pinned else 'lazy'}, {replicas} replica(s), model {value.model_key})"
+        f"placement [bold]{task}[/bold] epoch {placement.epoch}: {placement.candidate} "
+        f"({'pinned' if placement.pinned else 'lazy'}, {placement.replicas} replica(s), "
+        f"model {value.model_key})"
     )
     url = nats_url_or_none()
 
@@ -248,6 +260,11 @@ def up(
     ),
     device: str = typer.Option("cpu", help="torch device of the runtimes (cpu, cuda:0)."),
     sidecar_bin: Path | None = typer.Option(None, help="taskfleet-sidecar binary to use."),
+    secure_cookies: bool | None = typer.Option(
+        None,
+        "--secure-cookies/--no-secure-cookies",
+        help="Dashboard cookies over HTTPS only (default: TASKFLEET_SECURE_COOKIES, off).",
+    ),
 ) -> None:
     """Start the whole fleet on this machine; Ctrl-C stops everything."""
     from taskfleet.stack import StackConfig, StackError, StackUrls, run_stack
@@ -265,6 +282,8 @@ def up(
         memory_budget_bytes=memory_budget_mb * 2**20,
         sidecar_binary=sidecar_bin,
         device=device,
+        session_secret=settings.resolved_session_secret(),
+        secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
     )
     state = stack_file()
 

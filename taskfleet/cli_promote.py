@@ -23,6 +23,15 @@ def promote(
     override: bool = typer.Option(
         False, "--override", help="Promote although the rule is not met (admin; needs --reason)."
     ),
+    pinned: bool | None = typer.Option(
+        None,
+        "--pinned/--lazy",
+        help="Keep the model loaded, or load it on first demand (default: as the previous "
+        "placement; pinned for a first champion).",
+    ),
+    replicas: int | None = typer.Option(
+        None, "--replicas", min=1, help="Workers that should serve it (default: as before; 1)."
+    ),
 ) -> None:
     """Make CANDIDATE the champion of TASK if the promotion rule allows it."""
     reg = open_registry()
@@ -32,7 +41,9 @@ def promote(
         f"{check.reason}",
         highlight=False,
     )
-    done = reg.promote(task, candidate, reason=reason, override=override)
+    done = reg.promote(
+        task, candidate, reason=reason, override=override, pinned=pinned, replicas=replicas
+    )
     was = f" (was {done.previous_candidate})" if done.previous_candidate else ""
     out.print(
         f"promoted [bold]{done.candidate}[/bold] to champion of {task}{was}; "

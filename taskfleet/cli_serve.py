@@ -13,15 +13,22 @@ def serve(
     auth: bool = typer.Option(
         True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
     ),
+    secure_cookies: bool | None = typer.Option(
+        None,
+        "--secure-cookies/--no-secure-cookies",
+        help="Dashboard cookies over HTTPS only (default: TASKFLEET_SECURE_COOKIES, off).",
+    ),
 ) -> None:
     """Run the control plane: REST API (OpenAPI docs at /docs) and the web dashboard (/)."""
     import uvicorn
 
     from registry.api import create_app
 
+    settings = get_settings()
     app = create_app(
         open_registry(),
         require_auth=auth,
-        session_secret=get_settings().resolved_session_secret(),
+        session_secret=settings.resolved_session_secret(),
+        secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
     )
     uvicorn.run(app, host=host, port=port, log_level="info")

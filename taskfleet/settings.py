@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         default=None,
         description="Signs dashboard session cookies; default: a secret kept under home.",
     )
+    secure_cookies: bool = Field(
+        default=False,
+        description="Mark dashboard session cookies Secure (HTTPS only). Turn on whenever the "
+        "dashboard is reached over HTTPS, directly or behind a proxy.",
+    )
 
     @cached_property
     def resolved_home(self) -> Path:

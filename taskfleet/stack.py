@@ -187,6 +187,8 @@ class StackConfig:
     memory_budget_bytes: int = 8 << 30
     sidecar_binary: Path | None = None
     device: str = "cpu"
+    session_secret: str | None = None  # None: sessions end with the process
+    secure_cookies: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,12 @@ async def run_stack(
             nats_url = nats_server.url
         await _ensure_layout(nats_url)
 
-        control = create_app(registry, require_auth=config.require_auth)
+        control = create_app(
+            registry,
+            require_auth=config.require_auth,
+            session_secret=config.session_secret,
+            secure_cookies=config.secure_cookies,
+        )
         gateway = create_gateway(
             registry, nats_url, GatewaySettings(require_auth=config.require_auth)
         )

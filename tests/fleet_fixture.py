@@ -34,7 +34,7 @@ def register_served_task(
     pinned: bool = False,
     adapter_dir: Path | None = None,
 ) -> e.Placement:
-    """Task + base model (+ adapter) + candidate + placement: what promotion would leave."""
+    """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run)."""
     from registry.entities import TrainingRecord
 
     registry.add_task(task, suite="test-suite")
@@ -59,7 +59,12 @@ def register_served_task(
             ),
         )
     candidate = registry.add_candidate(task, base=name, adapter=adapter)
-    return registry.set_placement(task, candidate.name, pinned=pinned)
+    registry.promote(
+        task, candidate.name, override=True, reason="test fixture: no eval run", pinned=pinned
+    )
+    placement = registry.current_placement(task)
+    assert placement is not None
+    return placement
 
 
 async def eventually(

@@ -38,9 +38,14 @@ def test_placement_set_while_nats_is_down_stays_in_the_outbox(
     reg.close()
     down = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
 
+    # Placing a candidate is a promotion: without a champion the placement route refuses.
+    r = run_cli(home, "placement", "set", "legal", "tiny", nats_url=down)
+    assert r.returncode == 1 and "no champion yet: promote a candidate first" in r.stderr
+    r = run_cli(home, "promote", "legal", "tiny", "--override", "--reason", "smoke", "--lazy")
+    assert r.returncode == 0 and "placement epoch 1" in r.stdout, r.stderr
     r = run_cli(home, "placement", "set", "legal", "tiny", "--replicas", "2", nats_url=down)
     assert r.returncode == 0, r.stderr
-    assert "epoch 1" in r.stdout and "the running publisher will publish it" in r.stdout
+    assert "epoch 2" in r.stdout and "the running publisher will publish it" in r.stdout
 
     r = run_cli(home, "placement", "ls", "--json")
     (status,) = json.loads(r.stdout)["placements"]
@@ -51,7 +56,7 @@ def test_placement_set_while_nats_is_down_stays_in_the_outbox(
     assert r.returncode == 0 and "pending" in r.stdout
 
     r = run_cli(home, "placement", "set", "legal", "nope")
-    assert r.returncode == 1 and "no candidate 'nope'" in r.stderr
+    assert r.returncode == 1 and "would change what 'legal' serves" in r.stderr
     assert "Traceback" not in r.stderr
 
     r = run_cli(home, "dlq", "ls")

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from registry import Registry
+from registry.access import ControlPlane
 from registry.api import create_app
 from registry.dashboard import mount_dashboard
 from registry.entities import WorkerReport
@@ -134,10 +135,10 @@ def test_login_roles_and_logout(seeded: Registry) -> None:
         follow_redirects=False,
     )
     assert r.headers["location"] == "/tasks"  # no open redirect off the site
-    # The cookie is signed, readable JSON: it names the key but never carries its secret.
+    # The cookie is signed, readable JSON: a session token, never the key or its secret.
     cookie = client.cookies.get("taskfleet_session") or ""
     payload = base64.b64decode(cookie.split(".")[0] + "==")
-    assert b'"key": "vic"' in payload and viewer.encode() not in payload
+    assert b'"sid": ' in payload and viewer.encode() not in payload
 
     tasks = client.get("/tasks")
     assert tasks.status_code == 200
@@ -249,8 +250,8 @@ def test_fleet_view_desired_vs_reported(seeded: Registry) -> None:
 
     # Heartbeats stop (NATS or the watcher down): the mirror goes stale and the banner says so.
     app = FastAPI()
-    mount_dashboard(app, seeded, require_auth=False, stale_after_s=1.0)
+    mount_dashboard(app, ControlPlane(seeded, require_auth=False), stale_after_s=1.0)
     time.sleep(1.2)
     page = TestClient(app).get("/fleet").text
-    assert 'id="fleet-unreachable"' in page and "no worker heartbeat in the last 1 s" in page
+    assert 'id="fleet-unreachable"' in page and "no worker is reachable now" in page
     assert page.count('badge no">unreachable') == 2

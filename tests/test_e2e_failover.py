@@ -150,5 +150,5 @@ def test_nats_restart_gateway_and_sidecars_reconnect(
         np.testing.assert_allclose(after[0], expected[1], atol=1e-5)
 
     # The control loops reconnected too: a new placement epoch reaches the workers.
-    fleet.reg.set_placement(task, placement.candidate, pinned=True, replicas=2)
+    fleet.reg.update_placement(task, replicas=2)
     fleet.serving(task, placement.epoch + 1, workers=2)

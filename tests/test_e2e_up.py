@@ -1,5 +1,5 @@
-"""`taskfleet up` as a user runs it: one command starts the fleet, `taskfleet placement set`
-publishes through it, a call by task name works, and SIGTERM leaves no process behind."""
+"""`taskfleet up` as a user runs it: one command starts the fleet, a `taskfleet promote` is
+published through it, a call by task name works, and SIGTERM leaves no process behind."""
 
 from __future__ import annotations
 
@@ -87,9 +87,11 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
         assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
         assert httpx.get(f"http://127.0.0.1:{control_port}/healthz").status_code == 200
 
-        placed = _cli(home, "placement", "set", task, "tiny", "--pinned")
+        # No eval run here: a local admin places the first champion by override, pinned; the
+        # publisher that `up` runs publishes it.
+        placed = _cli(home, "promote", task, "tiny", "--override", "--reason", "smoke", "--pinned")
         assert placed.returncode == 0, placed.stderr
-        assert "published to the fleet" in placed.stdout
+        assert "placement epoch 1" in placed.stdout
 
         with Client(gateway, max_retries=40) as client:
             vectors = client.embed(task, ["hallo welt", "zweiter satz"])

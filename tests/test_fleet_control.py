@@ -134,12 +134,12 @@ def test_publisher_waits_out_a_nats_outage(
             assert value.epoch == 1
             await eventually(lambda: _async(not sqlite_registry.unpublished_placements()))
             # A new epoch while running is published within a poll or two.
-            sqlite_registry.set_placement(task, f"m-{task}", pinned=True)
+            sqlite_registry.update_placement(task, pinned=True)  # epoch 1 was lazy
             value = await eventually(lambda: _epoch_at_least(url, task, 2))
             assert value.pinned
             # NATS restarts under the running publisher: it reconnects and goes on.
             server.stop()
-            sqlite_registry.set_placement(task, f"m-{task}", replicas=2)
+            sqlite_registry.update_placement(task, replicas=2)
             await asyncio.sleep(1.0)
             server.start()
             value = await eventually(lambda: _epoch_at_least(url, task, 3), timeout_s=25)

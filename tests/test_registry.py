@@ -172,9 +172,10 @@ def test_eval_runs_and_placements(seeded: Registry) -> None:
     )
     assert seeded.latest_eval_run("legal", "base-a") == run
     assert run.ci["ndcg_at_10"] == (0.4, 0.6)
-    p1 = seeded.set_placement("legal", "base-a", pinned=True)
-    p2 = seeded.set_placement("legal", "base-a", replicas=2)
-    assert (p1.epoch, p2.epoch) == (1, 2)
+    seeded.promote("legal", "base-a", pinned=True)  # a first champion: its eval run suffices
+    p1 = seeded.current_placement("legal")
+    p2 = seeded.update_placement("legal", replicas=2)
+    assert p1 is not None and (p1.epoch, p2.epoch) == (1, 2)
     assert [p.epoch for p in seeded.unpublished_placements()] == [2]
     seeded.mark_published("legal", 2)
     assert seeded.unpublished_placements() == []

@@ -13,10 +13,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Form, Request
 from starlette.responses import RedirectResponse, Response
 
+from registry.access import Principal, authenticate, client_of
 from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render
-from registry.dashboard.session import User, check_csrf, flash, sign_in, sign_out
+from registry.dashboard.session import check_csrf, end_session, flash, sign_in
 from registry.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
+from registry.throttle import RateLimited
 
 FormField = Annotated[str, Form()]
 OptionalField = Annotated[str | None, Form()]
@@ -24,7 +26,7 @@ OptionalField = Annotated[str | None, Form()]
 
 def action_router(dash: Dashboard) -> APIRouter:
     router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
-    SignedIn = Annotated[User, Depends(dash.user)]
+    SignedIn = Annotated[Principal, Depends(dash.user)]
     reg = dash.registry
 
     @router.get("/login")
@@ -38,12 +40,17 @@ def action_router(dash: Dashboard) -> APIRouter:
         request: Request, csrf_token: FormField = "", api_key: FormField = "", next: FormField = ""
     ) -> Response:
         check_csrf(request, csrf_token)
+        throttle, client = dash.control.throttle, client_of(request)
         try:
-            key = reg.authenticate(api_key.strip())
+            key = authenticate(reg, throttle, api_key.strip(), client)
         except Unauthenticated as exc:  # unknown, malformed or revoked
             return render(request, "login.html", 401, next=_local(next), error=str(exc))
+        except RateLimited as exc:
+            page = render(request, "login.html", 429, next=_local(next), error=exc.message)
+            page.headers["Retry-After"] = str(exc.retry_after_s)
+            return page
         try:
-            sign_in(request, key)
+            sign_in(request, reg, key)
         except PermissionDenied as exc:  # a real key, but not one for people (caller only)
             return render(request, "login.html", 403, next=_local(next), error=str(exc))
         return _redirect(_local(next))
@@ -51,7 +58,7 @@ def action_router(dash: Dashboard) -> APIRouter:
     @router.post("/logout")
     def logout(request: Request, csrf_token: FormField = "") -> Response:
         check_csrf(request, csrf_token)
-        sign_out(request)
+        end_session(request, reg)  # server-side: a copy of the cookie is worthless now
         return _redirect("/login")
 
     @router.post("/tasks/{task}/promote/{candidate}")
@@ -83,8 +90,8 @@ def action_router(dash: Dashboard) -> APIRouter:
         flash(
             request,
             "ok",
-            f"Promoted {done.candidate} to champion of {task} (placement epoch {done.epoch}); "
-            "the fleet picks it up within seconds — watch the Fleet page.",
+            f"Promoted {done.candidate} to champion of {task} (placement epoch {done.epoch}). "
+            "The task page shows when the epoch is published and the workers report it.",
         )
         return _redirect(f"/tasks/{_q(task)}")
 
@@ -127,12 +134,17 @@ def action_router(dash: Dashboard) -> APIRouter:
     return router
 
 
+# What a confirmation form sends when it saw no champion (a first promotion). Not a possible
+# candidate name; an empty field cannot say it, because the form parser turns it into "absent".
+NO_CHAMPION = "(none)"
+
+
 def _expected(field: str | None) -> str | None:
-    """The champion the form saw ('' = none). A form without the field is refused: it cannot
-    prove it is not stale."""
+    """The champion the form saw (NO_CHAMPION: none). A form without the field is refused: it
+    cannot prove it is not stale."""
     if field is None:
         raise InvalidInput("this form does not say which champion it saw; reload the page")
-    return field or None
+    return None if field == NO_CHAMPION else field
 
 
 def _local(target: str) -> str:

@@ -1,4 +1,4 @@
-"""What every dashboard route shares: the registry, the auth mode, who is signed in."""
+"""What every dashboard route shares: the control plane, who is signed in, their task scope."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from registry.dashboard.session import LOCAL_USER, LoginRequired, User, session_user
+from registry.access import LOCAL_ADMIN, ControlPlane, Principal
+from registry.dashboard.session import LoginRequired, session_user
 from registry.service import Registry
 
 # A worker heartbeat older than this no longer counts as "the fleet is reachable". Workers beat
@@ -16,18 +17,28 @@ DEFAULT_STALE_AFTER_S = 30.0
 
 @dataclass(frozen=True)
 class Dashboard:
-    registry: Registry
-    require_auth: bool = True
+    control: ControlPlane
     stale_after_s: float = DEFAULT_STALE_AFTER_S
 
-    def user(self, request: Request) -> User:
-        """Dependency of every signed-in page; remembers the user for the templates."""
-        user = session_user(request, self.registry) if self.require_auth else LOCAL_USER
+    @property
+    def registry(self) -> Registry:
+        return self.control.registry
+
+    @property
+    def require_auth(self) -> bool:
+        return self.control.require_auth
+
+    def user(self, request: Request) -> Principal:
+        """Dependency of every signed-in page: who it is (remembered for the templates), and
+        a `{task}` in the path checked against the key's task list."""
+        user = session_user(request, self.registry) if self.require_auth else LOCAL_ADMIN
         if user is None:
             raise LoginRequired()
         request.state.user = user
+        if "task" in request.path_params:
+            user.task(request.path_params["task"])
         return user
 
-    def acting(self, user: User) -> Registry:
+    def acting(self, user: Principal) -> Registry:
         """The registry acting for this user: the service enforces the roles."""
         return self.registry.as_actor(user.actor, user.roles)

@@ -7,17 +7,18 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
+from registry.access import Principal
+from registry.dashboard.actions import NO_CHAMPION
 from registry.dashboard.charts import leaderboard_chart
 from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render
-from registry.dashboard.session import User
 from registry.dashboard.views import fleet_page, lineage_tree, task_page, task_summaries
 from registry.errors import PermissionDenied
 
 
 def page_router(dash: Dashboard) -> APIRouter:
     router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
-    SignedIn = Annotated[User, Depends(dash.user)]
+    SignedIn = Annotated[Principal, Depends(dash.user)]
     reg = dash.registry
 
     @router.get("/")
@@ -26,7 +27,7 @@ def page_router(dash: Dashboard) -> APIRouter:
 
     @router.get("/tasks")
     def tasks(request: Request, user: SignedIn) -> Response:
-        return render(request, "tasks.html", summaries=task_summaries(reg))
+        return render(request, "tasks.html", summaries=task_summaries(reg, user))
 
     @router.get("/tasks/{task}")
     def task(request: Request, task: str, user: SignedIn) -> Response:
@@ -65,6 +66,7 @@ def page_router(dash: Dashboard) -> APIRouter:
             check=reg.check_promotion(task, candidate),
             run=reg.latest_eval_run(task, candidate),
             champion_run=reg.latest_eval_run(task, champ.name) if champ else None,
+            no_champion=NO_CHAMPION,
         )
 
     @router.get("/tasks/{task}/rollback")
@@ -81,12 +83,12 @@ def page_router(dash: Dashboard) -> APIRouter:
     @router.get("/fleet")
     def fleet(request: Request, user: SignedIn) -> Response:
         return render(
-            request, "fleet.html", fleet=fleet_page(reg, stale_after_s=dash.stale_after_s)
+            request, "fleet.html", fleet=fleet_page(reg, user, stale_after_s=dash.stale_after_s)
         )
 
     return router
 
 
-def _require_promoter(user: User) -> None:
+def _require_promoter(user: Principal) -> None:
     if not user.can_promote:
         raise PermissionDenied("promoting and rolling back need the promoter or admin role")

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from httpapi.errors import ApiError
+from httpapi.errors import ApiError, ErrorCode
 from httpapi.handlers import error_response as json_error
 from registry.dashboard.session import LoginRequired, csrf_token, pop_flashes
 
@@ -98,6 +98,9 @@ class DashboardRoute(APIRoute):
             try:
                 return await handler(request)
             except LoginRequired:
+                if wants_json(request):  # a program: say so, do not redirect it to a form
+                    error = ApiError("log in at /login first", code=ErrorCode.UNAUTHENTICATED)
+                    return json_error(error)
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
             except ApiError as exc:

@@ -1,28 +1,28 @@
-"""Who is looking: API-key login into a signed session cookie, and per-session CSRF tokens.
+"""Who is looking: API-key login into a server-side session, and per-session CSRF tokens.
 
-The cookie (signed by Starlette's SessionMiddleware) holds the key's name and prefix, never the
-secret. Every request re-reads the key, so a revoked key or a changed role takes effect on the
-next click rather than when the cookie expires.
+The signed cookie (Starlette's SessionMiddleware) carries a random session token and the CSRF
+token, never the key. The session lives in the registry (`dashboard_sessions`): logging out
+ends it there, so a cookie copied before logout signs nobody in afterwards; every request
+re-reads the session's key, so a revoked key or a changed role takes effect on the next click.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
 from httpapi.errors import ErrorCode
+from registry.access import Principal
 from registry.entities import ApiKey
 from registry.errors import PermissionDenied
-from registry.promotions import PROMOTE_ROLES
 from registry.service import Registry
 
 SESSION_COOKIE = "taskfleet_session"
+SESSION_MAX_AGE_S = 8 * 3600  # a working day; then the key is asked for again
 CSRF_FIELD = "csrf_token"
-DASHBOARD_ROLES = ("viewer", "promoter", "admin")
 
 
 class CsrfRefused(PermissionDenied):
@@ -33,30 +33,6 @@ class CsrfRefused(PermissionDenied):
 
 class LoginRequired(Exception):
     """Raised by pages that need a signed-in user; the dashboard answers with a redirect."""
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    roles: tuple[str, ...]
-    signed_in: bool = True  # False for the implicit local user (no login, no logout)
-
-    @property
-    def actor(self) -> str:
-        # Same form as the REST API's actors, so the history reads alike whichever door was used.
-        return f"key:{self.name}" if self.signed_in else "dashboard:anonymous"
-
-    @property
-    def can_promote(self) -> bool:
-        return bool(set(self.roles) & set(PROMOTE_ROLES))
-
-    @property
-    def is_admin(self) -> bool:
-        return "admin" in self.roles
-
-
-# With `--no-auth` (a trusted laptop) there is no login; the single local user is admin.
-LOCAL_USER = User("local", ("admin",), signed_in=False)
 
 
 def csrf_token(request: Request) -> str:
@@ -75,31 +51,34 @@ def check_csrf(request: Request, submitted: str) -> None:
         raise CsrfRefused("this form's security token does not match your session; reload it")
 
 
-def sign_in(request: Request, key: ApiKey) -> None:
+def sign_in(request: Request, registry: Registry, key: ApiKey) -> None:
     """Start a fresh session for the key (a new CSRF token defeats session fixation)."""
-    if not set(key.roles) & set(DASHBOARD_ROLES):
-        raise PermissionDenied(
-            f"API key {key.name!r} has only the roles {', '.join(key.roles)}; the dashboard "
-            "needs viewer, promoter or admin"
-        )
+    Principal.of_key(key)  # caller-only keys are for applications, not people
+    token = registry.start_session(key.name, max_age_s=SESSION_MAX_AGE_S)
+    end_session(request, registry)
+    request.session.update(sid=token, csrf=secrets.token_urlsafe(32))
+
+
+def end_session(request: Request, registry: Registry) -> None:
+    sid = request.session.get("sid")
+    if isinstance(sid, str) and sid:
+        registry.end_session(sid)
     request.session.clear()
-    request.session.update(key=key.name, prefix=key.prefix, csrf=secrets.token_urlsafe(32))
 
 
-def sign_out(request: Request) -> None:
-    request.session.clear()
-
-
-def session_user(request: Request, registry: Registry) -> User | None:
-    name, prefix = request.session.get("key"), request.session.get("prefix")
-    if not name or not prefix:
+def session_user(request: Request, registry: Registry) -> Principal | None:
+    sid = request.session.get("sid")
+    if not isinstance(sid, str) or not sid:
         return None
-    key = next((k for k in registry.list_api_keys() if k.prefix == prefix), None)
-    if key is None or key.name != name or key.revoked_at is not None:
-        request.session.pop("key", None)
-        request.session.pop("prefix", None)
+    key = registry.session_key(sid)
+    if key is None:  # ended, expired, or its key revoked
+        request.session.pop("sid", None)
         return None
-    return User(key.name, tuple(key.roles))
+    try:
+        return Principal.of_key(key)
+    except PermissionDenied:  # its roles changed to caller only
+        end_session(request, registry)
+        return None
 
 
 def flash(request: Request, level: str, text: str) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from registry import entities as e
+from registry.access import Principal, visible_workers
+from registry.placements import CANDIDATE_CHANGES
 from registry.service import Registry
 
 # Lineage trees are small in practice; the cap keeps a pathological DAG from drawing forever.
@@ -52,18 +54,30 @@ class TaskPage:
     placement: e.PlacementStatus | None
 
     @property
+    def last_change(self) -> e.Promotion | None:
+        """The newest row that changed the champion (not a pinned/replicas change)."""
+        return next((p for p in self.history if p.kind in CANDIDATE_CHANGES), None)
+
+    @property
     def can_roll_back(self) -> bool:
-        return bool(self.history) and self.history[0].previous_candidate is not None
+        return self.last_change is not None and self.last_change.previous_candidate is not None
+
+    @property
+    def placement_mismatch(self) -> bool:
+        """The fleet is told to serve another candidate than the champion (a placement
+        written before every placement needed a promotion)."""
+        placed = self.placement.candidate if self.placement else None
+        return placed is not None and placed != (self.champion.name if self.champion else None)
 
     @property
     def main_metric(self) -> str:
         return next((s.run.main_metric for s in self.standings if s.run), "score")
 
 
-def task_summaries(reg: Registry) -> list[TaskSummary]:
+def task_summaries(reg: Registry, who: Principal) -> list[TaskSummary]:
     status = {p.task: p for p in reg.placement_status()}
     summaries = []
-    for task in reg.list_tasks():
+    for task in (t for t in reg.list_tasks() if who.allows(t.name)):
         champ = reg.champion(task.name)
         run = reg.latest_eval_run(task.name, champ.name) if champ else None
         summaries.append(
@@ -179,6 +193,11 @@ class FleetPage:
         """No recent heartbeat from any worker: NATS, the watcher or every worker is down."""
         return not any(w.recent for w in self.workers)
 
+    @property
+    def last_heartbeat_age_s(self) -> float | None:
+        """Age of the newest heartbeat of any worker (reachable or not)."""
+        return min((w.age_s for w in self.workers), default=None)
+
     def queue_depth(self, task: str) -> int:
         return sum(w.worker.queue_depth.get(task, 0) for w in self.workers if w.recent)
 
@@ -191,10 +210,13 @@ class FleetPage:
         return sorted(names)
 
 
-def fleet_page(reg: Registry, *, stale_after_s: float, now: datetime | None = None) -> FleetPage:
+def fleet_page(
+    reg: Registry, who: Principal, *, stale_after_s: float, now: datetime | None = None
+) -> FleetPage:
     now = now or datetime.now(UTC)
     views = []
-    for worker in reg.list_workers():
+    for worker in visible_workers(reg.list_workers(), who):
         age = (now - worker.seen_at).total_seconds()
         views.append(WorkerView(worker, age, worker.reachable and age <= stale_after_s))
-    return FleetPage(views, reg.placement_status(), stale_after_s, now)
+    placements = [p for p in reg.placement_status() if who.allows(p.task)]
+    return FleetPage(views, placements, stale_after_s, now)

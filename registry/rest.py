@@ -1,0 +1,250 @@
+"""The control-plane REST API under /api/v1: plain handler functions on one router.
+
+Every route depends on `acting`: the bearer key is authenticated (throttled, 401 when wrong),
+caller-only keys are refused (403: they reach the gateway only), and a `{task}` in the path is
+checked against the key's task list before any handler runs, so no route can forget it.
+"""
+
+# No `from __future__ import annotations` here: FastAPI must resolve the `Annotated`
+# dependencies at runtime.
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request
+
+from registry import entities as e
+from registry.access import (
+    LOCAL_ADMIN,
+    ControlPlane,
+    Principal,
+    authenticate,
+    client_of,
+    visible_workers,
+)
+from registry.errors import Unauthenticated
+from registry.keys import bearer_token
+from registry.promotions import UNSET
+from registry.rest_bodies import (
+    AdapterIn,
+    CandidateIn,
+    ModelIn,
+    PlacementIn,
+    PromoteIn,
+    RollbackIn,
+    TaskIn,
+)
+from registry.service import Registry
+
+
+@dataclass(frozen=True)
+class Acting:
+    who: Principal
+    reg: Registry  # the registry acting as `who` (the service enforces role-bound rules)
+
+
+def acting(request: Request, authorization: Annotated[str | None, Header()] = None) -> Acting:
+    control: ControlPlane = request.app.state.control
+    if control.require_auth:
+        token = bearer_token(authorization)
+        if token is None:
+            raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+        key = authenticate(control.registry, control.throttle, token, client_of(request))
+        who = Principal.of_key(key)
+    else:
+        who = LOCAL_ADMIN
+    if "task" in request.path_params:
+        who.task(request.path_params["task"])
+    return Acting(who, control.registry.as_actor(who.actor, who.roles))
+
+
+Act = Annotated[Acting, Depends(acting)]
+router = APIRouter(prefix="/api/v1")
+
+
+def _dump(items: list[Any]) -> list[dict[str, Any]]:
+    return [asdict(i) for i in items]
+
+
+def _model(model: e.BaseModel, who: Principal) -> dict[str, Any]:
+    """Filesystem paths are for admins only."""
+    out = asdict(model)
+    if not who.is_admin:
+        out.pop("path")
+    return out
+
+
+@router.get("/tasks")
+def list_tasks(a: Act) -> list[dict[str, Any]]:
+    return _dump([t for t in a.reg.list_tasks() if a.who.allows(t.name)])
+
+
+@router.post("/tasks", status_code=201)
+def add_task(body: TaskIn, a: Act) -> dict[str, Any]:
+    a.who.need("admin")
+    a.who.task(body.name)
+    task = a.reg.add_task(
+        body.name,
+        suite=body.suite or body.name,
+        kind=body.kind,
+        description=body.description,
+        owner=body.owner,
+        margin=body.margin,
+    )
+    return asdict(task)
+
+
+@router.get("/tasks/{task}")
+def get_task(task: str, a: Act) -> dict[str, Any]:
+    placement = a.reg.current_placement(task)
+    return {
+        **asdict(a.reg.get_task(task)),
+        "candidates": _dump(a.reg.list_candidates(task)),
+        "placement": asdict(placement) if placement else None,
+    }
+
+
+@router.get("/models")
+def list_models(a: Act) -> list[dict[str, Any]]:
+    return [_model(m, a.who) for m in a.reg.list_models()]
+
+
+@router.post("/models", status_code=201)
+def add_model(body: ModelIn, a: Act) -> dict[str, Any]:
+    a.who.need("admin")
+    a.who.need_every_task("a base model")
+    model = a.reg.add_model(
+        body.name,
+        path=Path(body.path) if body.path else None,
+        package=body.package,
+        query_prefix=body.query_prefix,
+        passage_prefix=body.passage_prefix,
+    )
+    return _model(model, a.who)
+
+
+@router.get("/models/{name}")
+def get_model(name: str, a: Act) -> dict[str, Any]:
+    return _model(a.reg.get_model(name), a.who)
+
+
+@router.get("/adapters")
+def list_adapters(a: Act, base: str | None = None) -> list[dict[str, Any]]:
+    return _dump(a.reg.list_adapters(base))
+
+
+@router.post("/adapters", status_code=201)
+def register_adapter(body: AdapterIn, a: Act) -> dict[str, Any]:
+    a.who.need("admin")
+    a.who.need_every_task("an adapter")
+    adapter = a.reg.register_adapter(
+        body.name,
+        base=body.base,
+        source_dir=Path(body.path),
+        parent=body.parent,
+        training=e.TrainingRecord(**body.training.model_dump()),
+    )
+    return asdict(adapter)
+
+
+@router.get("/adapters/{name}")
+def get_adapter(name: str, a: Act) -> dict[str, Any]:
+    return asdict(a.reg.get_adapter(name))
+
+
+@router.get("/adapters/{name}/lineage")
+def lineage(name: str, a: Act) -> list[dict[str, Any]]:
+    return _dump(a.reg.lineage(name))
+
+
+@router.get("/tasks/{task}/candidates")
+def list_candidates(task: str, a: Act) -> list[dict[str, Any]]:
+    return _dump(a.reg.list_candidates(task))
+
+
+@router.post("/tasks/{task}/candidates", status_code=201)
+def add_candidate(task: str, body: CandidateIn, a: Act) -> dict[str, Any]:
+    a.who.need("admin")
+    candidate = a.reg.add_candidate(
+        task, name=body.name, base=body.base, adapter=body.adapter, kind=body.kind
+    )
+    return asdict(candidate)
+
+
+@router.get("/tasks/{task}/eval-runs")
+def list_eval_runs(task: str, a: Act, candidate: str | None = None) -> list[dict[str, Any]]:
+    runs = a.reg.list_eval_runs(task, candidate)
+    return [{k: v for k, v in asdict(r).items() if k != "per_query"} for r in runs]
+
+
+@router.get("/placements")
+def list_placements(a: Act) -> list[dict[str, Any]]:
+    return _dump([p for p in a.reg.list_placements() if a.who.allows(p.task)])
+
+
+@router.post("/tasks/{task}/placement", status_code=201)
+def update_placement(task: str, body: PlacementIn, a: Act) -> dict[str, Any]:
+    """Change pinned/replicas of the champion's placement (a new epoch, in the history).
+
+    What a task serves changes only by promote, rollback or an admin override: naming another
+    candidate than the champion answers 400 PROMOTION_REQUIRED."""
+    a.who.need("promoter", "admin")
+    placement = a.reg.update_placement(
+        task,
+        pinned=body.pinned,
+        replicas=body.replicas,
+        candidate=body.candidate,
+        reason=body.reason,
+    )
+    return asdict(placement)
+
+
+@router.get("/tasks/{task}/promotions")
+def list_promotions(task: str, a: Act) -> list[dict[str, Any]]:
+    """The task's promotion history, newest first: one row per placement epoch."""
+    return _dump(a.reg.list_promotions(task))
+
+
+@router.get("/tasks/{task}/candidates/{candidate}/check")
+def check_promotion(task: str, candidate: str, a: Act) -> dict[str, Any]:
+    """The promotion rule's verdict for one challenger, with its evidence. Writes nothing."""
+    return asdict(a.reg.check_promotion(task, candidate))
+
+
+def _expected(body: PromoteIn | RollbackIn) -> str | None:
+    """An absent `expected_champion` means "do not check"; an explicit null means "none"."""
+    return body.expected_champion if "expected_champion" in body.model_fields_set else UNSET
+
+
+@router.post("/tasks/{task}/promote", status_code=201)
+def promote(task: str, body: PromoteIn, a: Act) -> dict[str, Any]:
+    a.who.need("promoter", "admin")
+    done = a.reg.promote(
+        task,
+        body.candidate,
+        reason=body.reason,
+        override=body.override,
+        expected_champion=_expected(body),
+        pinned=body.pinned,
+        replicas=body.replicas,
+    )
+    return asdict(done)
+
+
+@router.post("/tasks/{task}/rollback", status_code=201)
+def rollback(task: str, body: RollbackIn, a: Act) -> dict[str, Any]:
+    a.who.need("promoter", "admin")
+    return asdict(a.reg.rollback(task, reason=body.reason, expected_champion=_expected(body)))
+
+
+@router.get("/fleet")
+def fleet(a: Act) -> dict[str, Any]:
+    """Workers as last mirrored from their heartbeats, and desired vs reported epochs."""
+    placements = [p for p in a.reg.placement_status() if a.who.allows(p.task)]
+    return {
+        "workers": _dump(visible_workers(a.reg.list_workers(), a.who)),
+        "placements": [
+            {**asdict(p), "converged": p.converged, "converged_workers": p.converged_workers}
+            for p in placements
+        ],
+    }

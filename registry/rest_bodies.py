@@ -1,0 +1,106 @@
+"""Request bodies of the control-plane REST API, bounded so that bad input is a 400 up front.
+
+Every string has a length limit that fits its column, no body accepts unknown fields (a typo
+must not be ignored silently), and numbers are finite and within range (`replicas: 1e30` once
+overflowed the database into a plain-text 500).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from registry.placements import MAX_REPLICAS
+
+# PostgreSQL text cannot hold NUL; nothing we store needs it.
+_NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=_NO_NUL)]
+Short = Annotated[str, StringConstraints(max_length=128, pattern=_NO_NUL)]
+Text = Annotated[str, StringConstraints(max_length=10_000, pattern=_NO_NUL)]
+Fingerprint = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_NO_NUL)]
+Path = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=_NO_NUL)]
+Replicas = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+# Seeds are stored in a 32-bit integer column on PostgreSQL.
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskIn(Body):
+    name: Name
+    suite: Name | None = None
+    kind: Short = "retrieval"
+    description: Text = ""
+    owner: Short = ""
+    margin: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+
+
+class ModelIn(Body):
+    name: Name
+    path: Path | None = None
+    package: Short | None = None
+    query_prefix: Text = ""
+    passage_prefix: Text = ""
+
+
+class TrainingIn(Body):
+    data_fingerprint: Fingerprint
+    train_split: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_NO_NUL)]
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    seed: Seed = 0
+    code_version: Short = "unknown"
+    suite: Name | None = None
+    mlflow_run_id: Fingerprint | None = None
+
+
+class AdapterIn(Body):
+    name: Name
+    base: Name
+    path: Path = Field(description="Adapter folder readable by the control plane.")
+    parent: Name | None = None
+    training: TrainingIn
+
+
+class CandidateIn(Body):
+    name: Name | None = None
+    base: Name | None = None
+    adapter: Name | None = None
+    kind: Short = "embedding"
+
+
+class PlacementIn(Body):
+    """How the champion is served. The candidate is not chosen here: promote or roll back."""
+
+    candidate: Name | None = Field(
+        None,
+        description="Leave out, or name the champion: another candidate is refused with 400 "
+        "PROMOTION_REQUIRED.",
+    )
+    pinned: bool | None = Field(None, description="Keep loaded; null: unchanged.")
+    replicas: Replicas | None = Field(None, description="Workers to serve it; null: unchanged.")
+    reason: Text = ""
+
+
+class PromoteIn(Body):
+    candidate: Name
+    reason: Text = ""
+    override: bool = Field(False, description="Promote although the rule is not met (admin).")
+    expected_champion: Name | None = Field(
+        None,
+        description="The champion the caller saw (null: none). If it changed meanwhile, nothing "
+        "happens and 409 CONFLICT is returned. Leave out to skip this check.",
+    )
+    pinned: bool | None = Field(None, description="The new epoch's pinning; null: as before.")
+    replicas: Replicas | None = Field(
+        None, description="The new epoch's replicas; null: as before."
+    )
+
+
+class RollbackIn(Body):
+    reason: Text = ""
+    expected_champion: Name | None = Field(
+        None, description="The champion the caller saw; leave out to skip the stale check."
+    )
