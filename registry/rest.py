@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from registry import entities as e
 from registry.access import (
@@ -22,7 +23,7 @@ from registry.access import (
     client_of,
     visible_workers,
 )
-from registry.errors import Unauthenticated
+from registry.errors import InvalidInput, Unauthenticated
 from registry.keys import bearer_token
 from registry.promotions import UNSET
 from registry.rest_bodies import (
@@ -43,10 +44,17 @@ class Acting:
     reg: Registry  # the registry acting as `who` (the service enforces role-bound rules)
 
 
-def acting(request: Request, authorization: Annotated[str | None, Header()] = None) -> Acting:
+# Documents the scheme in OpenAPI (Swagger's "Authorize"); the header is read by `bearer_token`,
+# the one parser the gateway uses too.
+_BEARER = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer tfk_...`")
+
+
+def acting(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+) -> Acting:
     control: ControlPlane = request.app.state.control
     if control.require_auth:
-        token = bearer_token(authorization)
+        token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise Unauthenticated("send 'Authorization: Bearer <api key>'")
         key = authenticate(control.registry, control.throttle, token, client_of(request))
@@ -55,7 +63,18 @@ def acting(request: Request, authorization: Annotated[str | None, Header()] = No
         who = LOCAL_ADMIN
     if "task" in request.path_params:
         who.task(request.path_params["task"])
+    _refuse_unknown_query(request)
     return Acting(who, control.registry.as_actor(who.actor, who.roles))
+
+
+def _refuse_unknown_query(request: Request) -> None:
+    """`?candidat=x` must not silently answer for every candidate."""
+    route = request.scope.get("route")
+    known = {p.alias for p in getattr(getattr(route, "dependant", None), "query_params", [])}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none"
+        raise InvalidInput(f"unknown query parameter {unknown[0]!r} (this route takes: {allowed})")
 
 
 Act = Annotated[Acting, Depends(acting)]

@@ -21,11 +21,14 @@ from pathlib import Path
 import pytest
 import uvicorn
 from playwright.sync_api import Browser, expect, sync_playwright
+from sqlalchemy import select
 
 from registry import Registry
 from registry.api import create_app
+from registry.models import CandidateRow, PlacementRow, TaskRow
 from tests.conftest import REPO
-from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, report, seed_fleet
+from tests.evalrun_fixture import record_run
+from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, WEAK, report, seed_fleet
 
 CHROMIUM = "/usr/bin/chromium"
 # The committed screenshots are refreshed only on request (TASKFLEET_SCREENSHOTS=1), so a
@@ -161,3 +164,60 @@ def test_promote_watch_fleet_and_roll_back(
     )
     assert direct.status == 403 and "FORBIDDEN" in direct.text()
     assert len(reg.list_promotions(TASK)) == 3
+
+
+def test_first_champion_from_the_dashboard(
+    control_plane: tuple[str, Registry], browser: Browser
+) -> None:
+    """A task nobody has promoted yet: the dashboard makes its first champion."""
+    base, reg = control_plane
+    reg.add_task("fresh", suite="legal-suite", margin=0.01)
+    reg.add_candidate("fresh", base="base-a")
+    record_run(reg, "fresh", "base-a", 0.3)
+    _, key = reg.create_api_key("lena", roles=["promoter"])
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{base}/login?next=/tasks/fresh")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    expect(page.locator(".champion-card")).to_contain_text("none yet")
+    page.click("tr[data-candidate='base-a'] >> text=Promote…")
+    expect(page.locator("h1")).to_have_text("Promote base-a?")
+    page.fill("#reason", "the first evaluated candidate")
+    page.click("#confirm")
+    expect(page.locator(".flash.ok")).to_contain_text("Promoted base-a to champion of fresh")
+    expect(page.locator("#placed")).to_contain_text("serves base-a")
+    expect(page.locator("table.history tbody tr").first).to_contain_text("key:lena")
+    assert reg.champion("fresh").name == "base-a"  # type: ignore[union-attr]
+
+
+def test_task_page_shows_the_placed_candidate_and_a_mismatch(
+    control_plane: tuple[str, Registry], browser: Browser
+) -> None:
+    base, reg = control_plane
+    _, key = reg.create_api_key("vic", roles=["viewer"])
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{base}/login?next=/tasks/{TASK}")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    expect(page.locator("#placed")).to_contain_text(f"serves {CHAMPION}")
+    expect(page.locator("#placement-mismatch")).to_have_count(0)
+
+    # A placement from before every placement needed a promotion: the page says so.
+    with reg._write() as s:
+        task = s.scalar(select(TaskRow).where(TaskRow.name == TASK))
+        weak = s.scalar(select(CandidateRow).where(CandidateRow.name == WEAK))
+        assert task is not None and weak is not None
+        s.add(PlacementRow(task_id=task.id, candidate_id=weak.id, epoch=2, pinned=True, replicas=1))
+    page.reload()
+    expect(page.locator("#placed")).to_contain_text(f"serves {WEAK}")
+    banner = page.locator("#placement-mismatch")
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text(f"the champion is {CHAMPION}")
+    page.screenshot(path=str(SHOTS / "task-mismatch.png"), full_page=True)
+
+    reg.update_placement(TASK, replicas=2)  # puts the champion back, in the history
+    page.reload()
+    expect(page.locator("#placement-mismatch")).to_have_count(0)
+    expect(page.locator("#placed")).to_contain_text(f"serves {CHAMPION}")
+    expect(page.locator("table.history tbody tr").first).to_contain_text("placement")

@@ -210,6 +210,8 @@ def test_framework_answers_are_in_the_shape(seeded: Registry) -> None:
     assert r.status_code == 400 and error_of(r)["code"] == "BAD_REQUEST"
     r = client.post("/api/v1/tasks", json={"name": "x", "margin": "NaN"}, headers=admin)
     assert r.status_code == 400 and error_of(r)["code"] == "BAD_REQUEST"
+    r = client.get(f"/api/v1/tasks/{TASK}/eval-runs?candidat=x", headers=admin)  # a typo
+    assert r.status_code == 400 and "unknown query parameter 'candidat'" in error_of(r)["message"]
     r = client.get("/api/v1/tasks", headers={"Authorization": "Bearer tfk_nope_nope"})
     assert r.status_code == 401 and error_of(r)["code"] == "UNAUTHENTICATED"
     lower = {"Authorization": admin["Authorization"].replace("Bearer", "bearer")}

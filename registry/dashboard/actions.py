@@ -8,14 +8,15 @@ is redirected (post/redirect/get), so a reload never submits twice.
 # No `from __future__ import annotations`: FastAPI resolves the `Annotated` parameters below
 # at runtime.
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Request
 from starlette.responses import RedirectResponse, Response
 
+from httpapi.handlers import error_response as json_error
 from registry.access import Principal, authenticate, client_of
 from registry.dashboard.context import Dashboard
-from registry.dashboard.rendering import DashboardRoute, render
+from registry.dashboard.rendering import DashboardRoute, render, wants_json
 from registry.dashboard.session import check_csrf, end_session, flash, sign_in
 from registry.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
 from registry.throttle import RateLimited
@@ -43,16 +44,16 @@ def action_router(dash: Dashboard) -> APIRouter:
         throttle, client = dash.control.throttle, client_of(request)
         try:
             key = authenticate(reg, throttle, api_key.strip(), client)
-        except Unauthenticated as exc:  # unknown, malformed or revoked
-            return render(request, "login.html", 401, next=_local(next), error=str(exc))
-        except RateLimited as exc:
-            page = render(request, "login.html", 429, next=_local(next), error=exc.message)
-            page.headers["Retry-After"] = str(exc.retry_after_s)
-            return page
-        try:
             sign_in(request, reg, key)
-        except PermissionDenied as exc:  # a real key, but not one for people (caller only)
-            return render(request, "login.html", 403, next=_local(next), error=str(exc))
+        except (Unauthenticated, RateLimited, PermissionDenied) as exc:
+            # Unknown, malformed or revoked (401); throttled (429); a real key, but not one
+            # for people (403, caller only).
+            if wants_json(request):
+                return json_error(exc)
+            page = render(request, "login.html", exc.status, next=_local(next), error=exc.message)
+            if exc.retry_after_s is not None:
+                page.headers["Retry-After"] = str(exc.retry_after_s)
+            return page
         return _redirect(_local(next))
 
     @router.post("/logout")
@@ -148,8 +149,15 @@ def _expected(field: str | None) -> str | None:
 
 
 def _local(target: str) -> str:
-    # Only same-site paths: an attacker must not turn the login page into an open redirect.
-    return target if target.startswith("/") and not target.startswith("//") else "/tasks"
+    """Only same-site paths: an attacker must not turn the login page into an open redirect.
+    Browsers read `/\\host` as `//host` and drop tabs and newlines, so those are refused too."""
+    cleaned = target.replace("\\", "/")
+    if any(ord(c) < 32 or ord(c) == 127 for c in target):
+        return "/tasks"
+    parts = urlsplit(cleaned)
+    if not cleaned.startswith("/") or cleaned.startswith("//") or parts.scheme or parts.netloc:
+        return "/tasks"
+    return target
 
 
 def _q(value: str) -> str:

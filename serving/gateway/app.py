@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from httpapi.docs import mount_docs
@@ -176,7 +176,11 @@ def create_gateway(
         metrics.observe(outcome.task, response.status_code, time.perf_counter() - started)
         return response
 
-    @app.post("/v1/tasks/{task}")
+    @app.post(
+        "/v1/tasks/{task}",
+        openapi_extra=bodies.task_request_doc(settings.max_inputs),
+        responses={200: bodies.TASK_RESPONSE_DOC},
+    )
     async def call_task(task: str, request: Request) -> Response:
         outcome = _Outcome()
 
@@ -194,7 +198,7 @@ def create_gateway(
 
         return await measured(outcome, handle)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=bodies.openai_request_doc(settings.max_inputs))
     async def openai_embeddings(request: Request) -> Response:
         outcome = _Outcome()
 
@@ -224,7 +228,7 @@ def create_gateway(
             )
         return JSONResponse({"status": "ready", "nats": True})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 

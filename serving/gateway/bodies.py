@@ -32,6 +32,59 @@ class Format(Enum):
 _MSGPACK_TYPES = {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
 
 
+def _texts_schema(max_inputs: int) -> dict[str, Any]:
+    text = {"type": "string", "minLength": 1}
+    return {
+        "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": max_inputs}]
+    }
+
+
+def task_request_doc(max_inputs: int) -> dict[str, Any]:
+    """OpenAPI of `POST /v1/tasks/{task}` (the parser below is the rule; this documents it)."""
+    schema = {
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "properties": {
+            "inputs": _texts_schema(max_inputs),
+            "kind": {"type": "string", "enum": list(TEXT_KINDS), "default": DEFAULT_KIND},
+        },
+    }
+    return _request_doc(schema, "msgpack (default) or JSON, the same map")
+
+
+def openai_request_doc(max_inputs: int) -> dict[str, Any]:
+    """OpenAPI of `POST /v1/embeddings`; `model` is the task name."""
+    schema = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": _texts_schema(max_inputs),
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "kind": {"type": "string", "enum": list(TEXT_KINDS)},
+        },
+    }
+    return _request_doc(schema, "JSON")
+
+
+TASK_RESPONSE_DOC: dict[str, Any] = {
+    "description": "Embeddings, in the request's format unless Accept names the other one: "
+    "msgpack `embeddings` is raw little-endian float32 bytes (count x dims), JSON a list of lists.",
+    "content": {"application/msgpack": {}, "application/json": {}},
+}
+
+
+def _request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "description": f"Body: {formats}.",
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
 @dataclass(frozen=True)
 class EmbedRequest:
     inputs: list[str]
