@@ -24,7 +24,15 @@ from registry.placements import MAX_REPLICAS
 from registry.throttle import LoginThrottle
 from serving import protocol as p
 from serving.placements import decode_placement
-from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, form_token, login, seed_fleet
+from tests.test_dashboard_pages import (
+    CHALLENGER,
+    CHAMPION,
+    TASK,
+    WEAK,
+    form_token,
+    login,
+    seed_fleet,
+)
 
 EXAMPLES = 40
 bounded = settings(
@@ -62,7 +70,14 @@ def local_client(seeded: Registry) -> TestClient:
 
 
 @bounded
-@given(pinned=json_values, replicas=json_values | st.integers(), candidate=json_values)
+@given(
+    pinned=st.booleans() | json_values,
+    replicas=st.integers(min_value=1, max_value=4)
+    | st.integers()
+    | st.sampled_from([1e30, 2**31, 2**63, 1.5, -1])
+    | json_values,
+    candidate=st.sampled_from([None, CHAMPION, CHALLENGER, WEAK]) | json_values,
+)
 def test_placement_values(
     seeded: Registry, local_client: TestClient, pinned: Any, replicas: Any, candidate: Any
 ) -> None:
