@@ -95,6 +95,55 @@ def install_error_handlers(app: FastAPI, *, html: HtmlErrorPage | None = None) -
     app.add_middleware(CatchAll)
 
 
+class BodyLimit:
+    """413 `PAYLOAD_TOO_LARGE` for a request body above `max_bytes`, before the app reads it
+    all (FastAPI parses a JSON body before the route's auth dependency runs)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = ApiError(
+            f"the body is above the limit of {self.max_bytes} bytes",
+            code=ErrorCode.PAYLOAD_TOO_LARGE,
+        )
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(too_large)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLarge:
+            if started:
+                raise
+            await error_response(too_large)(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
 class CatchAll:
     """Last resort: an exception nothing else handled answers 500 INTERNAL in the one shape.
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from httpapi.docs import mount_docs
-from httpapi.handlers import ERROR_RESPONSES, install_error_handlers
+from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
 from registry.access import ControlPlane
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
 from registry.rest import router
 from registry.service import Registry
 from registry.throttle import LoginThrottle
+
+MAX_BODY_BYTES = 1 << 20
 
 
 def create_app(
@@ -44,5 +46,7 @@ def create_app(
 
     mount_dashboard(app, control, session_secret=session_secret, secure_cookies=secure_cookies)
     mount_docs(app)
+    # Bodies here are small JSON documents and forms; anything bigger is refused unread.
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     install_error_handlers(app, html=error_page)
     return app

@@ -6,6 +6,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,17 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     with running_nats(tmp_path_factory.mktemp("nats")) as server:
         yield server
+
+
+@pytest.fixture
+def auth_gateway(nats_server: Any, tmp_path: Path) -> Iterator[Any]:
+    """A served gateway with API keys required, over the session's nats-server."""
+    from serving.gateway import GatewaySettings
+    from tests.gateway_fixture import gateway_stack
+
+    settings = GatewaySettings(require_auth=True, workers_refresh_s=0)
+    with gateway_stack(nats_server.url, tmp_path, settings) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from tests.test_dashboard_pages import (
     report,
     seed_fleet,
 )
-from tests.test_registry import make_adapter_dir, training
+from tests.test_registry import make_adapter_dir, make_model_dir, training
 
 OTHER = "other-task"
 
@@ -358,3 +358,50 @@ def test_a_weak_candidate_cannot_be_made_champion_by_a_promoter(seeded: Registry
         headers=bearer(seeded, "pat", ["promoter"]),
     )
     assert r.status_code == 400 and error_of(r)["code"] == "PROMOTION_RULE_NOT_MET"
+
+
+# ---- what must keep holding -------------------------------------------------------------
+XSS = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
+
+
+def test_pages_escape_stored_and_reflected_values(seeded: Registry, tmp_path: Path) -> None:
+    """Whatever users and workers put into the registry, or into a URL, is text on every page."""
+    seeded.add_task("xss", suite=XSS, description=XSS, owner=XSS, margin=0.0)
+    seeded.add_model("base-x", path=make_model_dir(tmp_path / "bx", b"X"), query_prefix=XSS)
+    seeded.add_candidate("xss", base="base-x")
+    record_run(seeded, "xss", "base-x", 0.3)
+    seeded.promote("xss", "base-x", reason=XSS)
+    seeded.update_placement("xss", replicas=2, reason=XSS)
+    from registry.entities import WorkerReport
+
+    now = datetime.now(UTC)
+    seeded.record_worker_report(
+        WorkerReport(XSS, XSS, now, [XSS], 1, 2, {XSS: 1, "xss": 2}, [XSS], {XSS: 1, "xss": 1})
+    )
+    client = TestClient(create_app(seeded))
+    login(client, seeded.create_api_key("ada", roles=["admin"])[1])
+    quoted = quote(XSS, safe="")
+    pages = [
+        "/tasks",
+        "/tasks/xss",
+        "/tasks/xss/candidates/base-x",
+        f"/tasks/{TASK}/promote/{CHALLENGER}",
+        "/tasks/xss/rollback",
+        "/fleet",
+        f"/login?next={quoted}",
+        f"/login?next=/{quoted}",
+        f"/tasks/{quoted}",
+        f"/tasks/xss/candidates/{quoted}",
+        f"/nowhere/{quoted}",
+    ]
+    for url in pages:
+        r = client.get(url, headers={"Accept": "text/html"})
+        assert r.status_code in (200, 403, 404), (url, r.status_code)
+        assert "<script>alert" not in r.text and "<img src=x" not in r.text, url
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in client.get("/tasks/xss").text
+
+
+def test_control_plane_refuses_huge_bodies_unread(seeded: Registry) -> None:
+    client = TestClient(create_app(seeded))
+    r = client.post("/api/v1/tasks", content=b"{" + b" " * (2 << 20) + b"}")  # no key at all
+    assert r.status_code == 413 and error_of(r)["code"] == "PAYLOAD_TOO_LARGE"

@@ -11,11 +11,10 @@ is printed (run with -s).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -30,8 +29,7 @@ from schemathesis.specs.openapi.checks import (
 from httpapi.errors import ErrorCode
 from registry import Registry
 from registry.api import create_app
-from serving.gateway import GatewaySettings
-from tests.gateway_fixture import Stack, gateway_stack
+from tests.gateway_fixture import Stack
 from tests.test_dashboard_pages import seed_fleet
 
 EXAMPLES = 15  # per operation and generation mode
@@ -127,14 +125,8 @@ def test_control_plane_openapi(tmp_path: Path) -> None:
         reg.close()
 
 
-@pytest.fixture
-def gateway(nats_server: Any, tmp_path: Path) -> Iterator[Stack]:
-    settings_ = GatewaySettings(require_auth=True, workers_refresh_s=0)
-    with gateway_stack(nats_server.url, tmp_path, settings_) as stack:
-        yield stack
-
-
-def test_gateway_openapi(gateway: Stack) -> None:
+def test_gateway_openapi(auth_gateway: Stack) -> None:
+    gateway = auth_gateway
     task = gateway.task(worker=True)
     peer = gateway.responder(task)
     try:

@@ -10,13 +10,11 @@ door (a session of the same key); every request asks for JSON, so refusals must 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Mount
@@ -24,8 +22,7 @@ from starlette.routing import Mount
 from httpapi.errors import ErrorCode
 from registry import Registry
 from registry.api import create_app
-from serving.gateway import GatewaySettings
-from tests.gateway_fixture import Stack, gateway_stack
+from tests.gateway_fixture import Stack
 from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, seed_fleet
 from tests.test_registry import make_adapter_dir, make_model_dir
 
@@ -281,16 +278,10 @@ def print_table(title: str, table: dict[str, dict[tuple[str, str], int]]) -> Non
 
 
 # ---- the gateway ------------------------------------------------------------------------
-@pytest.fixture
-def served(nats_server: Any, tmp_path: Path) -> Iterator[Stack]:
-    settings = GatewaySettings(require_auth=True, workers_refresh_s=0)
-    with gateway_stack(nats_server.url, tmp_path, settings) as stack:
-        yield stack
-
-
-def test_every_gateway_route_for_every_caller(served: Stack) -> None:
+def test_every_gateway_route_for_every_caller(auth_gateway: Stack) -> None:
     from serving.gateway import create_gateway
 
+    served = auth_gateway
     task = served.task(worker=True)
     peer = served.responder(task)
     try:
