@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     LOAD_FAILED = "LOAD_FAILED"
     INFER_FAILED = "INFER_FAILED"
     OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
 
 RETRYABLE_CODES = frozenset({ErrorCode.MODEL_NOT_LOADED, ErrorCode.OUT_OF_MEMORY})
@@ -125,6 +126,9 @@ class InferRequest:
     id: int
     batch_id: str
     items: list[InferItem]
+    # Unix epoch ms after which nobody waits for the batch: a runtime that has not started it
+    # by then drops it with DEADLINE_EXCEEDED. None: no deadline.
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +254,8 @@ REPLY_TYPES: dict[str, type[Any]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class PayloadRef:
-    """``inputs`` of a payload that was moved to the ``payloads`` object store."""
+    """``inputs`` of a payload, or ``embeddings`` of a reply, moved to the ``payloads`` object
+    store because it would not fit NATS's ``max_payload``."""
 
     ref: str
 
@@ -272,9 +277,12 @@ class ReplyOk:
     epoch: int
     dims: int
     count: int
-    embeddings: bytes
+    # The float32 bytes, or where they are in the object store (the gateway fetches them).
+    embeddings: bytes | PayloadRef
 
     def matrix(self) -> np.ndarray:
+        if isinstance(self.embeddings, PayloadRef):
+            raise ProtocolError("the embeddings are in the object store; fetch them first")
         return embeddings_from_bytes(self.embeddings, self.count, self.dims)
 
 
@@ -315,6 +323,8 @@ class WorkerHeartbeat:
     queue_depth: dict[str, int]
     runtimes: list[str]
     epochs: dict[str, int]
+    # When the worker process started (unix ms); a new value under the same id is a restart.
+    started_ms: int | None = None
 
 
 # --------------------------------------------------------------------------- embeddings

@@ -19,6 +19,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,10 @@ from serving.runtime.pool import EncodeItem, ModelKeyConflictError, ModelNotLoad
 log = logging.getLogger("taskfleet.runtime")
 CAPABILITIES = ["embed", "lora", "mixed_adapters"]
 T = TypeVar("T")
+
+
+class BatchExpired(RuntimeError):
+    """An infer batch whose deadline passed while it waited in the queue: it is not run."""
 
 
 class RuntimeServer:
@@ -180,6 +185,9 @@ class RuntimeServer:
 
         def run() -> list[Any]:
             self._leave_queue(started)
+            # Nobody waits for a batch past its deadline: computing it would only delay the next.
+            if request.deadline_ms is not None and time.time() * 1000 > request.deadline_ms:
+                raise BatchExpired(f"batch {request.batch_id} expired before it could run")
             return self.pool.encode(items)
 
         try:
@@ -215,6 +223,8 @@ def _classify(exc: Exception) -> tuple[p.ErrorCode, str]:
         return p.ErrorCode.BAD_REQUEST, str(exc)
     if isinstance(exc, ModelLoadError):
         return p.ErrorCode.LOAD_FAILED, str(exc)
+    if isinstance(exc, BatchExpired):
+        return p.ErrorCode.DEADLINE_EXCEEDED, str(exc)
     if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without import
         return p.ErrorCode.OUT_OF_MEMORY, str(exc).splitlines()[0]
     return p.ErrorCode.INFER_FAILED, f"{type(exc).__name__}: {exc}"

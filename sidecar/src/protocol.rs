@@ -122,6 +122,10 @@ pub struct InferRequest {
     pub id: u64,
     pub batch_id: String,
     pub items: Vec<InferItem>,
+    /// Unix epoch milliseconds after which nobody waits for this batch any more: a runtime
+    /// that has not started it by then drops it (`DEADLINE_EXCEEDED`). `None`: no deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
 }
 
 /// `stats` and `shutdown` carry nothing but their id.
@@ -231,6 +235,15 @@ pub struct QueuePayload {
     pub inputs: Inputs,
 }
 
+/// Embeddings of a reply: the little-endian f32 bytes themselves, or, when the reply would not
+/// fit NATS's `max_payload`, a key in the `payloads` object store whose object holds them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingsData {
+    Bytes(ByteBuf),
+    Ref(PayloadRef),
+}
+
 /// The reply message published to a request's `Tf-Reply` subject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -248,7 +261,7 @@ pub struct ReplyOk {
     pub epoch: u64,
     pub dims: u32,
     pub count: u32,
-    pub embeddings: ByteBuf,
+    pub embeddings: EmbeddingsData,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -269,7 +282,7 @@ impl ReplyMessage {
             epoch,
             dims: result.dims,
             count: result.count,
-            embeddings: result.embeddings,
+            embeddings: EmbeddingsData::Bytes(result.embeddings),
         })
     }
 
@@ -330,6 +343,10 @@ pub struct WorkerHeartbeat {
     pub queue_depth: BTreeMap<String, u64>,
     pub runtimes: Vec<String>,
     pub epochs: BTreeMap<String, u64>,
+    /// When this worker process started (unix ms): a new value under the same worker id means
+    /// the worker restarted, and whatever the old process held was lost with it.
+    #[serde(default)]
+    pub started_ms: Option<u64>,
 }
 
 #[cfg(test)]

@@ -73,6 +73,7 @@ fn known_vectors() -> Vec<(&'static str, Roundtrip)> {
         ("queue_payload", typed::<QueuePayload>),
         ("queue_payload_ref", typed::<QueuePayload>),
         ("reply_ok", reply_message(true)),
+        ("reply_ok_ref", reply_message(true)),
         ("reply_error", reply_message(false)),
         ("placement_value", typed::<Placement>),
         ("worker_heartbeat", typed::<WorkerHeartbeat>),

@@ -68,6 +68,7 @@ def messages() -> dict[str, Any]:
                     texts=["Schadensersatzpflicht", "Haftung für Verschulden"],
                 ),
             ],
+            deadline_ms=1_735_689_630_000,
         ),
         "socket_infer_reply": p.InferReply(
             id=300,
@@ -117,6 +118,14 @@ def messages() -> dict[str, Any]:
             count=1,
             embeddings=p.embeddings_to_bytes(EMBEDDINGS_1X4)[2],
         ),
+        "reply_ok_ref": p.ReplyOk(
+            request_id="01J9ZK3T4R",
+            model_key="minilm",
+            epoch=7,
+            dims=384,
+            count=2048,
+            embeddings=p.PayloadRef(ref="reply-01J9ZK3T4R"),
+        ),
         "reply_error": p.ReplyError(
             request_id="01J9ZK3T4Q",
             error=p.ErrorInfo.of(p.ErrorCode.INFER_FAILED, "input 3 is empty"),
@@ -145,6 +154,7 @@ def messages() -> dict[str, Any]:
             queue_depth={"german-legal-retrieval": 3, "faq-search": 0},
             runtimes=["torch"],
             epochs={"german-legal-retrieval": 12, "faq-search": 4},
+            started_ms=1_735_689_000_000,
         ),
     }
 
