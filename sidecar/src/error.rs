@@ -31,6 +31,9 @@ pub enum Error {
     /// A queue message that can never be processed (undecodable payload, missing input ref).
     #[error("bad request payload: {0}")]
     BadPayload(String),
+    /// A computed reply could not be handed to NATS (nor its embeddings to the object store).
+    #[error("reply undeliverable: {0}")]
+    ReplyUndeliverable(String),
     #[error("configuration: {0}")]
     Config(String),
 }
@@ -55,6 +58,9 @@ impl Error {
             Error::BadPayload(message) => ErrorBody::new("BAD_REQUEST", message, false),
             Error::RuntimeUnavailable(message) => {
                 ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
+            }
+            Error::ReplyUndeliverable(message) => {
+                ErrorBody::new("REPLY_UNDELIVERABLE", message, true)
             }
             other => ErrorBody::new("INTERNAL", &other.to_string(), true),
         }

@@ -17,6 +17,8 @@ use crate::worker::{now_ms, TaskStatuses};
 pub struct Heartbeat {
     pub worker_id: String,
     pub host: String,
+    /// When this process started (unix ms): tells a restart apart from a live worker.
+    pub started_ms: u64,
     pub residency: Arc<Residency>,
     pub runtime: Arc<Runtime>,
     pub statuses: TaskStatuses,
@@ -43,10 +45,16 @@ impl Heartbeat {
             queue_depth,
             runtimes: self.runtime.runtimes(),
             epochs,
+            started_ms: Some(self.started_ms),
         }
     }
 
-    pub async fn run(self, store: kv::Store, every: Duration, shutdown: CancellationToken) {
+    pub async fn run(
+        self: Arc<Self>,
+        store: kv::Store,
+        every: Duration,
+        shutdown: CancellationToken,
+    ) {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -6,6 +6,7 @@ pub mod protocol;
 
 pub use error::{Error, Result};
 pub mod heartbeat;
+pub mod metrics;
 pub mod nats;
 pub mod placement;
 pub mod residency;

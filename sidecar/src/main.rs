@@ -1,8 +1,9 @@
 //! `taskfleet-sidecar`: the worker agent. See `--help` for every setting.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::Parser;
@@ -10,6 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
+use taskfleet_sidecar::metrics::{metrics, server as metrics_server};
 use taskfleet_sidecar::residency::Residency;
 use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
@@ -78,9 +80,10 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_HEARTBEAT_MS", default_value_t = 2000)]
     heartbeat_ms: u64,
 
-    /// `ack_wait` of task consumers this worker creates: above the worst batch time (long
-    /// batches also send progress acks).
-    #[arg(long, env = "TASKFLEET_ACK_WAIT_MS", default_value_t = 60_000)]
+    /// `ack_wait` of task consumers this worker creates. Workers send progress acks for every
+    /// message they hold three times per `ack_wait`, so it bounds how long the messages of a
+    /// worker that died stay with it before JetStream redelivers them, not the batch time.
+    #[arg(long, env = "TASKFLEET_ACK_WAIT_MS", default_value_t = 10_000)]
     ack_wait_ms: u64,
 
     /// `max_deliver` of task consumers this worker creates; a request that failed that many
@@ -91,6 +94,11 @@ struct Cli {
     /// Base delay of a nak (model loading, retryable failure); grows with the delivery count.
     #[arg(long, env = "TASKFLEET_NAK_DELAY_MS", default_value_t = 1000)]
     nak_delay_ms: u64,
+
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9464. Port 0
+    /// picks a free port (logged). Default: no metrics endpoint.
+    #[arg(long, env = "TASKFLEET_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -169,12 +177,25 @@ async fn run(cli: Cli) -> Result<()> {
         )));
     }
     let mode = runtime_mode(&cli, &worker_id)?;
+    let started_ms = taskfleet_sidecar::worker::now_ms();
     tracing::info!(%worker_id, nats_url = %cli.nats_url, ?mode, "starting");
 
     let signalled = CancellationToken::new();
     tokio::spawn(cancel_on_signal(signalled.clone()));
     let shutdown = CancellationToken::new();
     let runtime = Runtime::new();
+    // Bound before anything else, so a taken port fails the start at once.
+    let beats: Arc<OnceLock<Arc<Heartbeat>>> = Arc::default();
+    if let Some(addr) = cli.metrics_addr {
+        let (beats, runtime) = (beats.clone(), runtime.clone());
+        let render: metrics_server::Render = Arc::new(move || {
+            let snapshot = beats.get().map(|b| b.snapshot());
+            metrics().render(snapshot.as_ref(), runtime.client().is_ok())
+        });
+        let (bound, serving) = metrics_server::bind(addr, render, shutdown.child_token()).await?;
+        tracing::info!(addr = %bound, "serving metrics on /metrics");
+        tokio::spawn(serving);
+    }
     let supervisor = tokio::spawn(runtime.clone().supervise(
         mode,
         Duration::from_millis(cli.runtime_start_timeout_ms),
@@ -221,16 +242,16 @@ async fn run(cli: Cli) -> Result<()> {
     );
     let worker_loop = tokio::spawn(workers.clone().run(placements_rx, stop_work.clone()));
     let heartbeat_stop = CancellationToken::new();
-    let heartbeat = tokio::spawn(
-        Heartbeat {
-            worker_id,
-            host,
-            residency,
-            runtime,
-            statuses: workers.statuses.clone(),
-        }
-        .run(workers_kv, heartbeat_every, heartbeat_stop.clone()),
-    );
+    let beat = Arc::new(Heartbeat {
+        worker_id,
+        host,
+        started_ms,
+        residency,
+        runtime,
+        statuses: workers.statuses.clone(),
+    });
+    let _ = beats.set(beat.clone());
+    let heartbeat = tokio::spawn(beat.run(workers_kv, heartbeat_every, heartbeat_stop.clone()));
 
     signalled.cancelled().await;
     tracing::info!("shutting down: finishing in-flight batches");

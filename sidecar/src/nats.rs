@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, object_store, stream};
+use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
 
@@ -107,5 +108,40 @@ pub async fn payloads_bucket(js: &jetstream::Context) -> Result<object_store::Ob
             })
             .await
             .map_err(Error::nats("create object store payloads")),
+    }
+}
+
+/// The `payloads` object store, opened (or created) on first use and kept: large request
+/// inputs are read from it and large reply embeddings written to it.
+pub struct Payloads {
+    js: jetstream::Context,
+    store: OnceCell<object_store::ObjectStore>,
+}
+
+impl Payloads {
+    pub fn new(js: jetstream::Context) -> Self {
+        Self {
+            js,
+            store: OnceCell::new(),
+        }
+    }
+
+    pub async fn store(&self) -> Result<object_store::ObjectStore> {
+        self.store
+            .get_or_try_init(|| payloads_bucket(&self.js))
+            .await
+            .cloned()
+    }
+
+    /// Deletes an object that is no longer needed; a failure is only logged (the bucket's
+    /// max age removes what is left behind).
+    pub async fn delete(&self, key: &str) {
+        let deleted = match self.store().await {
+            Ok(store) => store.delete(key).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = deleted {
+            tracing::warn!(key, error = %e, "could not delete payload object");
+        }
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::metrics::metrics;
 use crate::protocol::{ErrorBody, LoadRequest, Placement};
 use crate::runtime::supervisor::Runtime;
 
@@ -242,7 +243,12 @@ impl Residency {
                 )))
             } else {
                 tracing::info!(model_key = %key, estimate, pinned, "loading model");
-                connected.client.load(request).await
+                let started = Instant::now();
+                let loaded = connected.client.load(request).await;
+                metrics()
+                    .runtime_seconds
+                    .observe(&["load"], started.elapsed().as_secs_f64());
+                loaded
             };
             if let Err(Error::RuntimeUnavailable(reason)) = &result {
                 // The runtime is restarting; load into the next one.
@@ -266,6 +272,9 @@ impl Residency {
             return;
         };
         model.loader_running = false;
+        metrics()
+            .loads
+            .inc(&[if result.is_ok() { "ok" } else { "failed" }]);
         match result {
             Ok(reply) => {
                 tracing::info!(model_key = %key, memory_bytes = reply.memory_bytes, "model loaded");
@@ -326,6 +335,7 @@ impl Residency {
             if !self.unload(&victim).await {
                 return;
             }
+            metrics().evictions.inc(&[]);
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
@@ -135,7 +135,13 @@ impl RuntimeClient {
             .await
     }
 
-    pub async fn infer(&self, batch_id: String, items: Vec<InferItem>) -> Result<InferReply> {
+    /// Runs a batch; a runtime that has not started it by `deadline_ms` drops it unrun.
+    pub async fn infer(
+        &self,
+        batch_id: String,
+        items: Vec<InferItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<InferReply> {
         let count = items.len();
         let id = self.next_id();
         let reply: InferReply = self
@@ -143,6 +149,7 @@ impl RuntimeClient {
                 id,
                 batch_id,
                 items,
+                deadline_ms,
             }))
             .await?;
         if reply.results.len() != count {
@@ -195,23 +202,44 @@ async fn read_replies(
     waiters.lock().expect("waiters lock").clear();
 }
 
-/// One frame's body; `None` on a clean end of stream between frames.
-async fn read_frame(reader: &mut OwnedReadHalf) -> Result<Option<Vec<u8>>> {
+/// One frame's body; `None` on a clean end of stream between frames. The body grows as it
+/// arrives, so a header that announces more than the peer sends allocates nothing up front.
+pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Vec<u8>>> {
     let mut header = [0u8; 4];
-    match reader.read_exact(&mut header).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let mut got = 0;
+    while got < header.len() {
+        match reader.read(&mut header[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => {
+                return Err(Error::Protocol(format!(
+                    "stream ended inside a frame header ({got} bytes)"
+                )))
+            }
+            n => got += n,
+        }
     }
     let length = u32::from_be_bytes(header);
     if length > MAX_FRAME_BYTES {
         return Err(Error::Protocol(format!("frame of {length} bytes")));
     }
-    let mut body = vec![0u8; length as usize];
-    reader.read_exact(&mut body).await?;
+    let mut body = Vec::with_capacity((length as usize).min(1 << 20));
+    reader
+        .take(u64::from(length))
+        .read_to_end(&mut body)
+        .await?;
+    if body.len() != length as usize {
+        return Err(Error::Protocol(format!(
+            "stream ended after {} of {length} frame bytes",
+            body.len()
+        )));
+    }
     Ok(Some(body))
 }
 
 #[cfg(test)]
 #[path = "runtime/client_test.rs"]
 mod client_test;
+
+#[cfg(test)]
+#[path = "runtime/frame_fuzz_test.rs"]
+mod frame_fuzz_test;

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, object_store::ObjectStore};
-use tokio::sync::{watch, OnceCell, Semaphore};
+use async_nats::jetstream::{self, consumer::pull};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -55,7 +55,7 @@ pub struct Workers {
     pub config: WorkerConfig,
     pub statuses: TaskStatuses,
     inflight: Arc<Semaphore>,
-    payloads: OnceCell<ObjectStore>,
+    payloads: Arc<nats::Payloads>,
 }
 
 struct Running {
@@ -71,15 +71,16 @@ impl Workers {
         runtime: Arc<Runtime>,
         config: WorkerConfig,
     ) -> Arc<Self> {
+        let js = jetstream::new(client.clone());
         Arc::new(Self {
-            js: jetstream::new(client.clone()),
+            payloads: Arc::new(nats::Payloads::new(js.clone())),
+            js,
             client,
             residency,
             runtime,
             inflight: Arc::new(Semaphore::new(config.max_inflight_batches.max(1))),
             config,
             statuses: Arc::default(),
-            payloads: OnceCell::new(),
         })
     }
 
@@ -180,13 +181,6 @@ impl Workers {
         }
     }
 
-    async fn payloads(&self) -> Result<ObjectStore> {
-        self.payloads
-            .get_or_try_init(|| nats::payloads_bucket(&self.js))
-            .await
-            .cloned()
-    }
-
     /// The task's durable pull consumer, created with our settings when missing.
     async fn consumer(&self, task: &str) -> Result<jetstream::consumer::Consumer<pull::Config>> {
         let stream = nats::tasks_stream(&self.js).await?;
@@ -233,13 +227,14 @@ impl Workers {
             task: task.clone(),
             max_deliver,
             nak_delay: self.config.nak_delay,
+            payloads: self.payloads.clone(),
         };
         let mut task_loop = batch::TaskLoop::new(self, task, consumer, settler, placement, status);
         task_loop.run(stop).await;
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

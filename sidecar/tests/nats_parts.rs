@@ -49,13 +49,14 @@ async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
         .await
         .unwrap();
     let runtime = Runtime::new();
-    let heartbeat = Heartbeat {
+    let heartbeat = Arc::new(Heartbeat {
         worker_id: "w-test-1".into(),
         host: "test-host".into(),
+        started_ms: 1,
         residency: Residency::new(runtime.clone(), 12_345),
         runtime,
         statuses: Arc::default(),
-    };
+    });
     let stop = CancellationToken::new();
     let running =
         tokio::spawn(heartbeat.run(store.clone(), Duration::from_millis(100), stop.clone()));

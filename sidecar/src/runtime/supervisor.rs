@@ -98,6 +98,7 @@ impl Runtime {
             if shutdown.is_cancelled() {
                 break;
             }
+            crate::metrics::metrics().runtime_restarts.inc(&[]);
             match outcome {
                 Ok(()) => tracing::warn!("runtime went away; restarting"),
                 Err(e) => tracing::error!(error = %e, "runtime failed; restarting"),

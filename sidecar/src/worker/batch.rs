@@ -13,9 +13,11 @@ use tokio_util::sync::CancellationToken;
 use super::intake::{self, Envelope, Pending};
 use super::outcome::Settler;
 use super::{now_ms, TaskStatus, Workers};
-use crate::error::Error;
-use crate::protocol::{InferItem, Placement, ReplyMessage};
+use crate::error::{Error, Result};
+use crate::metrics::metrics;
+use crate::protocol::{InferItem, InferReply, Placement, ReplyMessage};
 use crate::residency::Readiness;
+use crate::runtime::RuntimeClient;
 
 /// How long one idle pull waits for a first message before looking around again.
 const IDLE_POLL: Duration = Duration::from_secs(1);
@@ -58,9 +60,8 @@ impl TaskLoop {
     pub(super) async fn run(&mut self, stop: CancellationToken) {
         while !stop.is_cancelled() {
             // Pull only when the runtime can take another batch: the rest stays shared.
-            let permit = tokio::select! {
-                p = self.workers.inflight.clone().acquire_owned() => p.expect("semaphore is never closed"),
-                _ = stop.cancelled() => break,
+            let Some(permit) = self.wait_for_capacity(&stop).await else {
+                break;
             };
             // A pinned model loads without demand; report its epoch as soon as it serves.
             let desired = self.placement.borrow().clone();
@@ -106,6 +107,30 @@ impl TaskLoop {
         }
     }
 
+    /// Waits for room in the runtime. Messages carried over from the last fill wait with us:
+    /// progress acks keep them ours (`ack_wait` is short so that a dead worker's messages
+    /// come back quickly). `None` when stopped.
+    async fn wait_for_capacity(
+        &mut self,
+        stop: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        let acquire = self.workers.inflight.clone().acquire_owned();
+        tokio::pin!(acquire);
+        let period = keep_alive_period(self.workers.config.ack_wait);
+        let mut keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                p = &mut acquire => return Some(p.expect("semaphore is never closed")),
+                _ = stop.cancelled() => return None,
+                _ = keep_alive.tick() => {
+                    for pending in &self.carry {
+                        let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+                    }
+                }
+            }
+        }
+    }
+
     /// The placement to serve with now: the desired one once its model is loaded, else the
     /// one served so far while its model is still loaded; `None` while nothing can serve.
     fn choose_model(&self, desired: &Placement) -> Option<Placement> {
@@ -145,11 +170,15 @@ impl TaskLoop {
                         .await
                 }
                 _ if self.settler.is_last_delivery(&pending.envelope) => keep.push(pending),
-                _ => self.settler.retry_later(pending.envelope).await,
+                _ => {
+                    self.settler
+                        .retry_later(pending.envelope, "MODEL_LOADING")
+                        .await
+                }
             }
         }
         tracing::info!(task = %self.task, model_key = %desired.model_key, "waiting for model to load");
-        let step = self.workers.config.ack_wait / 3;
+        let step = keep_alive_period(self.workers.config.ack_wait);
         loop {
             let readiness = tokio::select! {
                 r = residency.wait(desired, step) => r,
@@ -257,12 +286,15 @@ impl TaskLoop {
     }
 
     async fn intake(&mut self, envelope: Envelope) {
+        if envelope.delivered > 1 {
+            metrics().redeliveries.inc(&[&self.task]);
+        }
         if envelope.is_expired(now_ms()) {
             self.settler.expire(envelope).await;
             return;
         }
         let workers = self.workers.clone();
-        match intake::decode_payload(&self.task, &envelope, workers.payloads()).await {
+        match intake::decode_payload(&self.task, &envelope, &workers.payloads).await {
             Ok((kind, texts, payload_ref)) => {
                 let tokens = intake::estimate_tokens(&texts);
                 self.carry.push_back(Pending {
@@ -278,7 +310,13 @@ impl TaskLoop {
     }
 }
 
-/// Runs one batch on the runtime and settles each of its messages.
+/// How often held messages get a progress ack: three times per `ack_wait`.
+fn keep_alive_period(ack_wait: Duration) -> Duration {
+    (ack_wait / 3).max(Duration::from_millis(100))
+}
+
+/// Runs one batch on the runtime and settles each of its messages. Messages whose deadline
+/// has passed are expired first; if none is left the batch does not run at all.
 async fn run_batch(
     workers: Arc<Workers>,
     settler: Settler,
@@ -287,91 +325,162 @@ async fn run_batch(
     permit: OwnedSemaphorePermit,
     batch_id: String,
 ) {
-    let started = Instant::now();
+    let now = now_ms();
+    let mut live = Vec::with_capacity(batch.len());
+    for pending in batch {
+        if pending.envelope.is_expired(now) {
+            settler.expire(pending.envelope).await;
+        } else {
+            live.push(pending);
+        }
+    }
+    if live.is_empty() {
+        return;
+    }
     let Some(_in_use) = workers.residency.acquire(&placement.model_key) else {
         // Evicted or lost with a runtime restart between choosing and running.
-        for pending in batch {
-            settler.retry_later(pending.envelope).await;
+        for pending in live {
+            settler
+                .retry_later(pending.envelope, "MODEL_NOT_LOADED")
+                .await;
         }
         return;
     };
     let client = match workers.runtime.client() {
         Ok(client) => client,
         Err(e) => {
-            for pending in batch {
+            for pending in live {
                 settler.fail(pending.envelope, &e).await;
             }
             return;
         }
     };
-    let mut envelopes = Vec::with_capacity(batch.len());
-    let mut items = Vec::with_capacity(batch.len());
-    let mut tokens = 0;
-    for pending in batch {
-        tokens += pending.tokens;
-        items.push(InferItem {
-            model_key: placement.model_key.clone(),
-            kind: pending.kind,
-            texts: pending.texts,
-        });
-        envelopes.push((pending.envelope, pending.payload_ref));
-    }
-    let infer = client.infer(batch_id.clone(), items);
-    tokio::pin!(infer);
-    // Long batches keep their messages from being redelivered elsewhere.
-    let period = (workers.config.ack_wait / 3).max(Duration::from_millis(100));
-    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let result = loop {
-        tokio::select! {
-            result = &mut infer => break result,
-            _ = progress.tick() => {
-                for (envelope, _) in &envelopes {
-                    let _ = envelope.msg.ack_with(AckKind::Progress).await;
-                }
-            }
-        }
+    let run = BatchRun {
+        workers: &workers,
+        settler: &settler,
+        client: &client,
+        placement: &placement,
     };
-    drop(permit);
-    let infer_ms = started.elapsed().as_millis() as u64;
-    match result {
+    let tokens: usize = live.iter().map(|p| p.tokens).sum();
+    let count = live.len();
+    let started = Instant::now();
+    match run.infer(&batch_id, &live).await {
         Ok(reply) => {
-            for ((envelope, payload_ref), result) in envelopes.into_iter().zip(reply.results) {
-                let reply = ReplyMessage::ok(
-                    &envelope.request_id,
-                    &placement.model_key,
-                    placement.epoch,
-                    result,
-                );
-                settler.succeed(envelope, reply).await;
-                if let Some(key) = payload_ref {
-                    delete_payload(&workers, &key).await;
-                }
-            }
+            let infer_ms = started.elapsed().as_millis() as u64;
+            drop(permit);
+            run.succeed(live, reply).await;
             tracing::info!(
                 task = %settler.task,
                 %batch_id,
                 tokens,
+                count,
                 infer_ms,
                 epoch = placement.epoch,
                 "batch done"
             );
         }
-        Err(e) => {
-            tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed");
-            for (envelope, _) in envelopes {
-                settler.fail(envelope, &e).await;
+        Err(Error::Runtime(body)) if body.code == "DEADLINE_EXCEEDED" => {
+            // The runtime dropped it unrun: every deadline had passed while it queued there.
+            drop(permit);
+            for pending in live {
+                settler.expire(pending.envelope).await;
             }
+        }
+        Err(e) if count > 1 && matches!(e, Error::Runtime(ref b) if !b.retryable) => {
+            // One poison input must not take the others down with it: run each alone.
+            tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed; running its requests one by one");
+            for (i, pending) in live.into_iter().enumerate() {
+                let single_id = format!("{batch_id}.{i}");
+                let one = vec![pending];
+                match run.infer(&single_id, &one).await {
+                    Ok(reply) => run.succeed(one, reply).await,
+                    Err(e) => run.fail(one, &e).await,
+                }
+            }
+            drop(permit);
+        }
+        Err(e) => {
+            drop(permit);
+            tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed");
+            run.fail(live, &e).await;
         }
     }
 }
 
-/// The request is answered, so its object-store inputs are no longer needed.
-async fn delete_payload(workers: &Workers, key: &str) {
-    let deleted = match workers.payloads().await {
-        Ok(store) => store.delete(key).await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = deleted {
-        tracing::warn!(key, error = %e, "could not delete payload object");
+/// What running a batch needs, borrowed for the length of `run_batch`.
+struct BatchRun<'a> {
+    workers: &'a Arc<Workers>,
+    settler: &'a Settler,
+    client: &'a Arc<RuntimeClient>,
+    placement: &'a Placement,
+}
+
+impl BatchRun<'_> {
+    /// One `infer` of these messages; long batches keep their messages from being
+    /// redelivered elsewhere with progress acks.
+    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<InferReply> {
+        let task = self.settler.task.as_str();
+        let items: Vec<InferItem> = batch
+            .iter()
+            .map(|pending| InferItem {
+                model_key: self.placement.model_key.clone(),
+                kind: pending.kind,
+                texts: pending.texts.clone(),
+            })
+            .collect();
+        // The runtime may hold the batch in its queue: past every deadline it drops it unrun.
+        let deadline_ms = batch
+            .iter()
+            .map(|p| p.envelope.deadline_ms)
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|all| all.into_iter().max());
+        let tokens: usize = batch.iter().map(|p| p.tokens).sum();
+        metrics().batches.inc(&[task]);
+        metrics()
+            .batch_messages
+            .observe(&[task], batch.len() as f64);
+        metrics().batch_tokens.observe(&[task], tokens as f64);
+        let started = Instant::now();
+        let infer = self.client.infer(batch_id.to_string(), items, deadline_ms);
+        tokio::pin!(infer);
+        let period = keep_alive_period(self.workers.config.ack_wait);
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let result = loop {
+            tokio::select! {
+                result = &mut infer => break result,
+                _ = progress.tick() => {
+                    for pending in batch {
+                        let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+                    }
+                }
+            }
+        };
+        metrics()
+            .runtime_seconds
+            .observe(&["infer"], started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn succeed(&self, batch: Vec<Pending>, reply: InferReply) {
+        for (pending, result) in batch.into_iter().zip(reply.results) {
+            let reply = ReplyMessage::ok(
+                &pending.envelope.request_id,
+                &self.placement.model_key,
+                self.placement.epoch,
+                result,
+            );
+            let answered = self.settler.succeed(pending.envelope, reply).await;
+            if let (true, Some(key)) = (answered, pending.payload_ref) {
+                // The request is answered, so its object-store inputs are no longer needed
+                // (a dead letter keeps them for its replay).
+                self.workers.payloads.delete(&key).await;
+            }
+        }
+    }
+
+    async fn fail(&self, batch: Vec<Pending>, error: &Error) {
+        for pending in batch {
+            self.settler.fail(pending.envelope, error).await;
+        }
     }
 }

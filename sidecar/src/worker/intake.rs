@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use async_nats::jetstream;
 use async_nats::jetstream::object_store::ObjectStore;
+use async_nats::HeaderMap;
 use tokio::io::AsyncReadExt;
 
 use crate::error::{Error, Result};
+use crate::nats::Payloads;
 use crate::protocol::{self, Inputs, QueuePayload, TextKind};
 
 pub const HEADER_REQUEST_ID: &str = "Tf-Request-Id";
@@ -33,26 +35,45 @@ impl Drop for Envelope {
     }
 }
 
-impl Envelope {
-    pub fn new(msg: jetstream::Message, held: Arc<AtomicU64>) -> Self {
-        held.fetch_add(1, Ordering::Relaxed);
+/// What the gateway's headers say about a request (docs/protocol.md, queue messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHeaders {
+    pub request_id: String,
+    pub reply_to: Option<String>,
+    pub deadline_ms: Option<u64>,
+}
+
+impl RequestHeaders {
+    /// Reads the headers; missing or malformed ones read as absent, never fail.
+    pub fn read(headers: Option<&HeaderMap>) -> Self {
         let header = |name: &str| {
-            msg.headers
-                .as_ref()
+            headers
                 .and_then(|h| h.get(name))
                 .map(|v| v.as_str().to_string())
         };
         let request_id = header(HEADER_REQUEST_ID)
             .or_else(|| header("Nats-Msg-Id"))
             .unwrap_or_default();
-        let reply_to = header(HEADER_REPLY).filter(|s| !s.is_empty());
+        let reply_to = header(HEADER_REPLY).filter(|s| !s.trim().is_empty());
         let deadline_ms = header(HEADER_DEADLINE).and_then(|v| v.trim().parse().ok());
-        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         Self {
-            msg,
             request_id,
             reply_to,
             deadline_ms,
+        }
+    }
+}
+
+impl Envelope {
+    pub fn new(msg: jetstream::Message, held: Arc<AtomicU64>) -> Self {
+        held.fetch_add(1, Ordering::Relaxed);
+        let headers = RequestHeaders::read(msg.headers.as_ref());
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+        Self {
+            msg,
+            request_id: headers.request_id,
+            reply_to: headers.reply_to,
+            deadline_ms: headers.deadline_ms,
             delivered,
             held,
         }
@@ -73,13 +94,10 @@ pub struct Pending {
     pub tokens: usize,
 }
 
-/// Decodes the payload. `Error::BadPayload` means the message can never succeed.
-pub async fn decode_payload(
-    task: &str,
-    envelope: &Envelope,
-    payloads: impl std::future::Future<Output = Result<ObjectStore>>,
-) -> Result<(TextKind, Vec<String>, Option<String>)> {
-    let payload: QueuePayload = protocol::decode(&envelope.msg.payload)
+/// Decodes and checks a queue payload (no I/O). `Error::BadPayload` means the message can
+/// never succeed.
+pub fn parse_payload(task: &str, bytes: &[u8]) -> Result<QueuePayload> {
+    let payload: QueuePayload = protocol::decode(bytes)
         .map_err(|e| Error::BadPayload(format!("payload is not a v1 queue payload: {e}")))?;
     if payload.v != protocol::PROTOCOL_VERSION || payload.task != task {
         return Err(Error::BadPayload(format!(
@@ -87,10 +105,20 @@ pub async fn decode_payload(
             payload.v, payload.task
         )));
     }
+    Ok(payload)
+}
+
+/// Decodes the payload, fetching object-store inputs.
+pub async fn decode_payload(
+    task: &str,
+    envelope: &Envelope,
+    payloads: &Payloads,
+) -> Result<(TextKind, Vec<String>, Option<String>)> {
+    let payload = parse_payload(task, &envelope.msg.payload)?;
     match payload.inputs {
         Inputs::Texts(texts) => Ok((payload.kind, texts, None)),
         Inputs::Ref(reference) => {
-            let texts = fetch_inputs(&payloads.await?, &reference.key).await?;
+            let texts = fetch_inputs(&payloads.store().await?, &reference.key).await?;
             Ok((payload.kind, texts, Some(reference.key)))
         }
     }
@@ -115,3 +143,7 @@ async fn fetch_inputs(store: &ObjectStore, key: &str) -> Result<Vec<String>> {
 pub fn estimate_tokens(texts: &[String]) -> usize {
     texts.iter().map(|t| (t.chars().count() / 4).max(1)).sum()
 }
+
+#[cfg(test)]
+#[path = "intake_fuzz_test.rs"]
+mod fuzz_test;

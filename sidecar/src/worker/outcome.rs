@@ -1,6 +1,9 @@
 //! How a held message is settled: answered and acked, retried later (nak with delay), expired
-//! or dead-lettered. The requester always gets a reply unless the message will be retried.
+//! or dead-lettered. The requester always gets a reply unless the message will be retried, and
+//! a message is acked only once its reply was handed to NATS: a reply that cannot be sent
+//! (above `max_payload` and the object store unreachable, NATS gone) becomes a dead letter.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::AckKind};
@@ -8,7 +11,12 @@ use async_nats::HeaderMap;
 
 use super::intake::{Envelope, HEADER_ERROR};
 use crate::error::{Error, Result};
-use crate::protocol::{self, ErrorBody, ReplyMessage};
+use crate::metrics::metrics;
+use crate::nats::Payloads;
+use crate::protocol::{self, EmbeddingsData, ErrorBody, PayloadRef, ReplyMessage};
+
+/// NATS's default `max_payload`, used until the server has told its own.
+const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 
 #[derive(Clone)]
 pub struct Settler {
@@ -18,6 +26,8 @@ pub struct Settler {
     /// The consumer's `max_deliver`; the last delivery of a failing message goes to the DLQ.
     pub max_deliver: i64,
     pub nak_delay: Duration,
+    /// Where replies above `max_payload` put their embeddings.
+    pub payloads: Arc<Payloads>,
 }
 
 impl Settler {
@@ -25,23 +35,57 @@ impl Settler {
         self.max_deliver > 0 && envelope.delivered >= self.max_deliver
     }
 
-    /// Publishes the reply to the requester's `Tf-Reply` subject (core NATS).
-    pub async fn reply(&self, envelope: &Envelope, reply: &ReplyMessage) {
+    /// Publishes the reply to the requester's `Tf-Reply` subject (core NATS); a reply above
+    /// the server's `max_payload` carries its embeddings as an object-store reference.
+    pub async fn reply(&self, envelope: &Envelope, reply: ReplyMessage) -> Result<()> {
         let Some(subject) = envelope.reply_to.clone() else {
             tracing::warn!(request_id = %envelope.request_id, "message has no Tf-Reply header");
-            return;
+            return Ok(());
         };
-        let published = match protocol::encode(reply) {
-            Ok(bytes) => self
-                .client
-                .publish(subject, bytes.into())
-                .await
-                .map_err(Error::nats("publish reply")),
-            Err(e) => Err(e),
+        let outcome = if matches!(reply, ReplyMessage::Ok(_)) {
+            "ok"
+        } else {
+            "error"
         };
-        if let Err(e) = published {
-            tracing::error!(request_id = %envelope.request_id, error = %e, "reply not sent");
+        let mut bytes = protocol::encode(&reply)?;
+        if bytes.len() > self.max_payload() {
+            bytes = protocol::encode(&self.offload(envelope, reply).await?)?;
         }
+        self.client
+            .publish(subject, bytes.into())
+            .await
+            .map_err(Error::nats("publish reply"))?;
+        metrics().replies.inc(&[&self.task, outcome]);
+        Ok(())
+    }
+
+    fn max_payload(&self) -> usize {
+        match self.client.server_info().max_payload {
+            0 => DEFAULT_MAX_PAYLOAD,
+            limit => limit,
+        }
+    }
+
+    /// Moves the embeddings of a too-large reply to the object store under
+    /// `reply-<request id>`; the gateway reads and deletes the object.
+    async fn offload(&self, envelope: &Envelope, reply: ReplyMessage) -> Result<ReplyMessage> {
+        let ReplyMessage::Ok(mut ok) = reply else {
+            return Err(Error::Protocol("an error reply above max_payload".into()));
+        };
+        let EmbeddingsData::Bytes(data) = &ok.embeddings else {
+            return Err(Error::Protocol(
+                "reply too large even with a reference".into(),
+            ));
+        };
+        let key = format!("reply-{}", envelope.request_id);
+        let store = self.payloads.store().await?;
+        store
+            .put(key.as_str(), &mut data.as_slice())
+            .await
+            .map_err(Error::nats(format!("put reply object {key}")))?;
+        metrics().reply_offloads.inc(&[&self.task]);
+        ok.embeddings = EmbeddingsData::Ref(PayloadRef { key });
+        Ok(ReplyMessage::Ok(ok))
     }
 
     async fn ack(&self, envelope: &Envelope, kind: AckKind) {
@@ -50,26 +94,47 @@ impl Settler {
         }
     }
 
-    pub async fn succeed(&self, envelope: Envelope, reply: ReplyMessage) {
-        self.reply(&envelope, &reply).await;
-        self.ack(&envelope, AckKind::Ack).await;
+    /// Answers and acks (true); a reply that cannot be sent is dead-lettered instead (false).
+    pub async fn succeed(&self, envelope: Envelope, reply: ReplyMessage) -> bool {
+        match self.reply(&envelope, reply).await {
+            Ok(()) => {
+                self.ack(&envelope, AckKind::Ack).await;
+                true
+            }
+            Err(e) => {
+                metrics().reply_failures.inc(&[&self.task]);
+                tracing::error!(request_id = %envelope.request_id, error = %e, "reply not sent");
+                let undeliverable = Error::ReplyUndeliverable(e.to_string());
+                self.dead_letter(envelope, &undeliverable).await;
+                false
+            }
+        }
     }
 
-    /// Leaves the message in the queue for later (the model is loading, the runtime restarts).
-    pub async fn retry_later(&self, envelope: Envelope) {
+    /// Leaves the message in the queue for later (the model is loading, the runtime restarts);
+    /// `code` says why, for the metrics.
+    pub async fn retry_later(&self, envelope: Envelope, code: &str) {
+        metrics().retries.inc(&[&self.task, code]);
         let delay = self.nak_delay * u32::try_from(envelope.delivered.max(1)).unwrap_or(1);
         self.ack(&envelope, AckKind::Nak(Some(delay))).await;
     }
 
+    /// The deadline passed before the request ran: answer DEADLINE_EXCEEDED and drop it. When
+    /// an earlier delivery was lost (a worker died or failed), the caller may retry.
     pub async fn expire(&self, envelope: Envelope) {
-        tracing::info!(request_id = %envelope.request_id, "deadline passed before processing");
-        let error = ErrorBody::new(
-            "DEADLINE_EXCEEDED",
-            "the request's deadline passed before a worker could run it",
-            false,
-        );
+        metrics().expired.inc(&[&self.task]);
+        let redelivered = envelope.delivered > 1;
+        tracing::info!(request_id = %envelope.request_id, redelivered, "deadline passed before processing");
+        let message = if redelivered {
+            "the request's deadline passed while it was redelivered after a failed worker"
+        } else {
+            "the request's deadline passed before a worker could run it"
+        };
+        let error = ErrorBody::new("DEADLINE_EXCEEDED", message, redelivered);
         let reply = ReplyMessage::error(&envelope.request_id, error);
-        self.reply(&envelope, &reply).await;
+        if let Err(e) = self.reply(&envelope, reply).await {
+            tracing::warn!(request_id = %envelope.request_id, error = %e, "expiry reply not sent");
+        }
         self.ack(&envelope, AckKind::Term).await;
     }
 
@@ -85,7 +150,8 @@ impl Settler {
                 error = %error,
                 "request failed; will retry"
             );
-            self.retry_later(envelope).await;
+            let code = error.to_body().code;
+            self.retry_later(envelope, &code).await;
         }
     }
 
@@ -95,6 +161,7 @@ impl Settler {
         let body = error.to_body();
         match self.publish_dlq(&envelope, &body).await {
             Ok(()) => {
+                metrics().dead_letters.inc(&[&self.task, &body.code]);
                 tracing::warn!(
                     request_id = %envelope.request_id,
                     delivered = envelope.delivered,
@@ -104,7 +171,9 @@ impl Settler {
                 let mut final_error = body;
                 final_error.retryable = false;
                 let reply = ReplyMessage::error(&envelope.request_id, final_error);
-                self.reply(&envelope, &reply).await;
+                if let Err(e) = self.reply(&envelope, reply).await {
+                    tracing::warn!(request_id = %envelope.request_id, error = %e, "error reply not sent");
+                }
                 self.ack(&envelope, AckKind::Term).await;
             }
             // Without a DLQ copy, the message stays in TASKS rather than being lost.
