@@ -165,6 +165,9 @@ class ApiKey:
     tasks: list[str]  # empty = all tasks
     created_at: datetime
     revoked_at: datetime | None
+    # Gateway quota (token bucket): refill rate in requests/s and bucket size; None = no limit.
+    rate_limit_per_s: float | None = None
+    rate_burst: int | None = None
 
 
 @dataclass(frozen=True)

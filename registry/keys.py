@@ -38,13 +38,20 @@ def _hash(secret: str) -> str:
 
 class ApiKeyMixin(ServiceBase):
     def create_api_key(
-        self, name: str, *, roles: list[str], tasks: list[str] | None = None
+        self,
+        name: str,
+        *,
+        roles: list[str],
+        tasks: list[str] | None = None,
+        rate_limit_per_s: float | None = None,
+        rate_burst: int | None = None,
     ) -> tuple[e.ApiKey, str]:
         """Create a key; the plain token is returned once and never stored."""
         check_name("api key", name)
         unknown = sorted(set(roles) - set(ROLES))
         if not roles or unknown:
             raise InvalidInput(f"roles must be some of {', '.join(ROLES)}; got {roles}")
+        _check_quota(rate_limit_per_s, rate_burst)
         prefix = secrets.token_hex(4)
         secret = secrets.token_urlsafe(24)
         token = f"{TOKEN_PREFIX}_{prefix}_{secret}"
@@ -57,6 +64,8 @@ class ApiKeyMixin(ServiceBase):
                 secret_hash=_hash(token),
                 roles=sorted(set(roles)),
                 tasks=sorted(set(tasks or [])),
+                rate_limit_per_s=rate_limit_per_s,
+                rate_burst=rate_burst,
             )
             s.add(row)
             s.flush()
@@ -83,6 +92,21 @@ class ApiKeyMixin(ServiceBase):
             row.revoked_at = utcnow()
             self._audit(s, "apikey.revoke", "api_key", name)
 
+    def set_api_key_quota(
+        self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
+    ) -> e.ApiKey:
+        """Set (or with ``None`` remove) the gateway's request-rate limit of a key."""
+        _check_quota(rate_limit_per_s, rate_burst)
+        with self._write() as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
+            if row is None:
+                raise NotFound(f"unknown api key {name!r}")
+            row.rate_limit_per_s = rate_limit_per_s
+            row.rate_burst = rate_burst
+            detail = {"rate_limit_per_s": rate_limit_per_s, "rate_burst": rate_burst}
+            self._audit(s, "apikey.quota", "api_key", name, detail)
+            return api_key_entity(row)
+
     def list_api_keys(self) -> list[e.ApiKey]:
         with self._read() as s:
             return [
@@ -90,7 +114,24 @@ class ApiKeyMixin(ServiceBase):
             ]
 
 
+def _check_quota(rate_limit_per_s: float | None, rate_burst: int | None) -> None:
+    if rate_limit_per_s is not None and not rate_limit_per_s > 0:
+        raise InvalidInput(f"a rate limit must be above 0 requests/s; got {rate_limit_per_s}")
+    if rate_burst is not None and rate_burst < 1:
+        raise InvalidInput(f"a burst must be at least 1 request; got {rate_burst}")
+    if rate_burst is not None and rate_limit_per_s is None:
+        raise InvalidInput("a burst needs a rate limit")
+
+
 def api_key_entity(r: ApiKeyRow) -> e.ApiKey:
     return e.ApiKey(
-        r.id, r.name, r.prefix, list(r.roles), list(r.tasks), r.created_at, r.revoked_at
+        r.id,
+        r.name,
+        r.prefix,
+        list(r.roles),
+        list(r.tasks),
+        r.created_at,
+        r.revoked_at,
+        r.rate_limit_per_s,
+        r.rate_burst,
     )

@@ -191,6 +191,9 @@ class ApiKeyRow(Base):
     tasks: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = _created()
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Gateway quota: requests per second (token bucket refill) and bucket size; NULL = no limit.
+    rate_limit_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rate_burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class DashboardSessionRow(Base):

@@ -12,7 +12,7 @@ from rich.tree import Tree
 
 from registry import InvalidInput, Registry
 from registry import db as registry_db
-from registry.entities import Adapter, TrainingRecord
+from registry.entities import Adapter, ApiKey, TrainingRecord
 from taskfleet.context import get_settings, open_registry
 
 out = Console()
@@ -293,23 +293,55 @@ def key_create(
         ..., "--role", help="viewer, promoter, admin or caller (repeat)."
     ),
     task: list[str] = typer.Option([], "--task", help="Limit to these tasks (repeat)."),
+    rate: float | None = typer.Option(
+        None, "--rate", help="Gateway quota: requests per second (default: no limit)."
+    ),
+    burst: int | None = typer.Option(
+        None, "--burst", help="Requests allowed at once above the rate (default: the rate)."
+    ),
 ) -> None:
     """Create an API key; the token is printed once."""
-    key, token = open_registry().create_api_key(name, roles=role, tasks=task)
-    out.print(f"api key {key.name} roles={','.join(key.roles)}")
+    key, token = open_registry().create_api_key(
+        name, roles=role, tasks=task, rate_limit_per_s=rate, rate_burst=burst
+    )
+    out.print(f"api key {key.name} roles={','.join(key.roles)} quota={_quota(key)}")
     out.print(token, markup=False, highlight=False)
+
+
+@key_app.command("quota")
+def key_quota(
+    name: str = typer.Argument(..., help="Key name."),
+    rate: float | None = typer.Option(
+        None, "--rate", help="Requests per second; leave out to remove the limit."
+    ),
+    burst: int | None = typer.Option(
+        None, "--burst", help="Requests allowed at once above the rate (default: the rate)."
+    ),
+) -> None:
+    """Set or remove a key's request-rate quota. Over it the gateway answers 429 with
+    Retry-After. Each gateway process keeps its own bucket: N gateways allow N x the rate."""
+    key = open_registry().set_api_key_quota(name, rate_limit_per_s=rate, rate_burst=burst)
+    out.print(f"api key {key.name} quota={_quota(key)}")
+
+
+def _quota(key: ApiKey) -> str:
+    if key.rate_limit_per_s is None:
+        return "none"
+    burst = f" burst {key.rate_burst}" if key.rate_burst is not None else ""
+    return f"{key.rate_limit_per_s:g}/s{burst}"
 
 
 @key_app.command("ls")
 def key_ls() -> None:
     """List API keys (never their secrets)."""
-    table = Table("name", "prefix", "roles", "tasks", "revoked")
+    table = Table("name", "prefix", "roles", "tasks", "quota", "revoked")
     for k in open_registry().list_api_keys():
         table.add_row(
             k.name,
             k.prefix,
             ",".join(k.roles),
             ",".join(k.tasks) or "*",
+            _quota(k),
             "yes" if k.revoked_at else "",
         )
     out.print(table)
