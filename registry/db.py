@@ -37,7 +37,10 @@ def create_registry_engine(url: str) -> Engine:
             parent = Path(database).expanduser().parent
             if not parent.exists():
                 parent.mkdir(parents=True, exist_ok=True)
-        kwargs["connect_args"] = {"timeout": 30}
+        # How long a call waits for a lock another process holds (`?timeout=<seconds>`).
+        busy_timeout_s = _busy_timeout(parsed.query.get("timeout"), url)
+        parsed = parsed.difference_update_query(["timeout"])
+        kwargs["connect_args"] = {"timeout": busy_timeout_s}
     else:
         kwargs["pool_pre_ping"] = True
     try:
@@ -45,18 +48,34 @@ def create_registry_engine(url: str) -> Engine:
     except (ArgumentError, NoSuchModuleError) as exc:
         raise DatabaseError(f"cannot use database URL {url!r}: {exc}") from None
     if backend == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        busy_ms = int(busy_timeout_s * 1000)
+        event.listen(engine, "connect", lambda conn, _record: _sqlite_pragmas(conn, busy_ms))
         event.listen(engine, "begin", _sqlite_begin_immediate)
     return engine
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+DEFAULT_SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
+def _busy_timeout(raw: Any, url: str) -> float:
+    if raw is None:
+        return DEFAULT_SQLITE_BUSY_TIMEOUT_S
+    try:
+        value = float(raw if isinstance(raw, str) else raw[0])
+    except (TypeError, ValueError, IndexError):
+        value = -1.0
+    if not value >= 0:
+        raise DatabaseError(f"'timeout' in {url!r} must be a number of seconds >= 0")
+    return value
+
+
+def _sqlite_pragmas(dbapi_conn: Any, busy_timeout_ms: int) -> None:
     # Python's sqlite3 opens transactions lazily; we issue BEGIN ourselves (see below).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     cur.close()
 
 
