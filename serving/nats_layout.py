@@ -48,9 +48,11 @@ PAYLOADS_TTL_S = 24 * 3600.0
 PLACEMENTS_HISTORY = 5
 # A worker beating every few seconds drops out of the fleet this long after its last beat.
 WORKERS_TTL_S = 15.0
-# Above the slowest batch we expect (a large batch of long passages on CPU); a worker that holds
-# a message longer calls in_progress(), so this only fires when the worker is gone.
-ACK_WAIT_S = 60.0
+# How long a message stays with a worker that stopped acknowledging it. Workers send progress
+# acks (in_progress) for every message they hold three times per ack_wait, however long the batch,
+# so this fires only when the worker is gone: a crashed worker's messages are redelivered within
+# ~10 s (the default deadline is 30 s), about when its heartbeat expires too.
+ACK_WAIT_S = 10.0
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
 MAX_DELIVER = 5
 

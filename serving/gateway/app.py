@@ -1,16 +1,18 @@
 """The public HTTP edge: ``create_gateway(registry, nats_url)`` returns the ASGI app.
 
 Every embedding request goes the same way, and stops at the first check that fails:
-authenticate (401) -> read the body within the size limit (413) -> parse the envelope (400/415)
--> the key's roles and tasks (403) -> the task exists (404) and is placed (503) -> a live worker
-runs it (503) -> queue it and wait for the reply (504 at the deadline). Nothing is published
-before every check passed, so a rejected request never reaches the queue.
+authenticate (401; 503 if the registry is away) -> the key's quota (429) -> read the body within
+the size limit (413) -> parse the envelope (400/415) -> the key's roles and tasks (403) -> the
+task exists (404) and is placed (503) -> a live worker runs it (503) -> queue it and wait for the
+reply (504 at the deadline). Nothing is published before every check passed, so a rejected
+request never reaches the queue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +25,8 @@ from starlette.concurrency import run_in_threadpool
 from httpapi.docs import mount_docs
 from httpapi.errors import ApiError
 from httpapi.handlers import ERROR_RESPONSES, error_response, install_error_handlers
-from registry.errors import NotFound
+from registry.entities import ApiKey
+from registry.errors import NotFound, RegistryError
 from registry.keys import bearer_token
 from registry.service import Registry
 from serving import nats_layout
@@ -34,11 +37,14 @@ from serving.gateway.errors import (
     Forbidden,
     GatewayError,
     PayloadTooLarge,
+    RateLimited,
     Unauthenticated,
     Unavailable,
     UnknownTask,
+    from_registry_error,
 )
-from serving.gateway.metrics import UNKNOWN_TASK_LABEL, GatewayMetrics
+from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL, GatewayMetrics
+from serving.gateway.quotas import Quotas
 from serving.protocol import ReplyOk
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ def create_gateway(
 ) -> FastAPI:
     settings = settings or GatewaySettings()
     metrics = GatewayMetrics()
+    quotas = Quotas()
     dispatcher = Dispatcher(
         nats_url,
         DispatchSettings(
@@ -108,25 +115,39 @@ def create_gateway(
     app.state.metrics = metrics
     app.state.settings = settings
 
-    async def authenticate(request: Request) -> list[str] | None:
-        """The task list of the caller's key (empty = every task); None when auth is off."""
+    async def authenticate(request: Request) -> ApiKey | None:
+        """The caller's key, within its quota; None when auth is off."""
         if not settings.require_auth:
             return None
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise Unauthenticated("send 'Authorization: Bearer <api key>'")
-        key = await run_in_threadpool(registry.authenticate, token)
+        try:
+            key = await run_in_threadpool(registry.authenticate, token)
+        except RegistryError as exc:  # a bad key, or the database is away (503 + Retry-After)
+            raise from_registry_error(exc, retry_after_s=settings.retry_after_s) from exc
         if not CALL_ROLES & set(key.roles):
             raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
-        return key.tasks
+        if key.rate_limit_per_s is not None:
+            wait_s = quotas.take(key.name, key.rate_limit_per_s, key.rate_burst)
+            if wait_s > 0:
+                metrics.rate_limited.labels(key=key.name).inc()
+                raise RateLimited(
+                    f"API key {key.name!r} is over its quota of "
+                    f"{key.rate_limit_per_s:g} requests/s",
+                    retry_after_s=max(1, math.ceil(wait_s)),
+                )
+        return key
 
-    async def check_servable(task: str, key_tasks: list[str] | None, outcome: _Outcome) -> None:
-        if key_tasks and task not in key_tasks:
+    async def check_servable(task: str, key: ApiKey | None, outcome: _Outcome) -> None:
+        if key is not None and key.tasks and task not in key.tasks:
             raise Forbidden(f"this API key may not call task {task!r}")
         try:
             placement = await run_in_threadpool(registry.current_placement, task)
         except NotFound as exc:
             raise UnknownTask(f"unknown task {task!r}") from exc
+        except RegistryError as exc:
+            raise from_registry_error(exc, retry_after_s=settings.retry_after_s) from exc
         outcome.task = task
         try:
             nats_layout.check_task_name(task)
@@ -164,16 +185,18 @@ def create_gateway(
 
     async def measured(outcome: _Outcome, handler: Callable[[], Awaitable[Response]]) -> Response:
         started = time.perf_counter()
+        code = OK_CODE
         try:
             response = await handler()
-        except ApiError as exc:  # the gateway's own refusals and the registry's
+        except Exception as exc:
+            if not isinstance(exc, ApiError):  # the gateway's own refusals and the registry's
+                # A bug or an unforeseen failure still answers in the one error shape; the
+                # traceback goes to the log, not to the caller.
+                log.exception("unexpected failure while serving a request")
+                exc = GatewayError("internal gateway error; see its log")
+            code = exc.code
             response = error_response(exc)
-        except Exception:
-            # A bug or an unforeseen failure still answers in the one error shape; the
-            # traceback goes to the log, not to the caller.
-            log.exception("unexpected failure while serving a request")
-            response = error_response(GatewayError("internal gateway error; see its log"))
-        metrics.observe(outcome.task, response.status_code, time.perf_counter() - started)
+        metrics.observe(outcome.task, response.status_code, code, time.perf_counter() - started)
         return response
 
     @app.post(
@@ -185,11 +208,11 @@ def create_gateway(
         outcome = _Outcome()
 
         async def handle() -> Response:
-            key_tasks = await authenticate(request)
+            key = await authenticate(request)
             body = await read_body(request, settings.max_body_bytes)
             fmt = bodies.body_format(request.headers.get("content-type"))
             parsed = bodies.parse_task_request(body, fmt, settings.max_inputs)
-            await check_servable(task, key_tasks, outcome)
+            await check_servable(task, key, outcome)
             reply = await embed(request, task, parsed)
             out = bodies.response_format(fmt, request.headers.get("accept"))
             return Response(
@@ -203,10 +226,10 @@ def create_gateway(
         outcome = _Outcome()
 
         async def handle() -> Response:
-            key_tasks = await authenticate(request)
+            key = await authenticate(request)
             body = await read_body(request, settings.max_body_bytes)
             parsed = bodies.parse_openai_request(body, settings.max_inputs)
-            await check_servable(parsed.task, key_tasks, outcome)
+            await check_servable(parsed.task, key, outcome)
             reply = await embed(request, parsed.task, parsed.request)
             return JSONResponse(bodies.openai_response(reply, parsed), headers=served_by(reply))
 
@@ -230,6 +253,7 @@ def create_gateway(
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
+        metrics.set_queue(await dispatcher.queue_snapshot())
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return app

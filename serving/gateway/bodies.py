@@ -114,17 +114,45 @@ def response_format(request_format: Format, accept: str | None) -> Format:
 
 
 def decode_body(body: bytes, fmt: Format) -> Any:
+    """The decoded body; text that is not valid Unicode is refused (400) here, in one place.
+
+    msgpack refuses invalid UTF-8 itself. JSON is trickier: ``\\ud800`` escapes decode to lone
+    surrogates, which Python keeps in a ``str`` but no UTF-8 encoder (msgpack, the runtime,
+    the database) accepts, so every string of a JSON body is checked before anything uses it.
+    """
     if not body:
         raise BadRequest("the request body is empty")
     if fmt is Format.JSON:
         try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            obj = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BadRequest(f"the body is not valid JSON: {exc}") from exc
+        check_unicode(obj)
+        return obj
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise BadRequest(f"the body is not valid msgpack: {exc}") from exc
+
+
+def check_unicode(obj: Any) -> None:
+    """Raise BadRequest if any string (key or value) in ``obj`` cannot be encoded as UTF-8."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = value[exc.start : exc.end].encode("utf-8", "backslashreplace").decode()
+                raise BadRequest(
+                    f"the body holds text that is not valid Unicode (lone surrogate {bad})"
+                ) from None
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def check_inputs(value: Any, field: str, max_inputs: int) -> list[str]:

@@ -4,12 +4,18 @@ One wildcard subscription (``_tf.reply.<gateway id>.>``) receives every reply of
 replies resolve futures keyed by request id. A reply whose request is no longer waiting (already
 answered, or abandoned at its deadline) is dropped and counted: JetStream may deliver a message
 twice (ack lost, worker died after replying), and the second answer must not reach anyone.
+
+A reply above NATS's ``max_payload`` carries its embeddings as an object-store reference; the
+gateway reads the object and deletes it. When the deadline passes without a reply, the 504 says
+``retryable`` if a worker that served the task died or restarted meanwhile (its heartbeat is
+gone, or carries a new start time): whatever it held was lost with it, not refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -27,10 +33,11 @@ from serving import nats_layout
 from serving.gateway.bodies import EmbedRequest
 from serving.gateway.errors import (
     DeadlineExceeded,
+    GatewayError,
     Unavailable,
     from_worker_error,
 )
-from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.metrics import ConsumerStats, GatewayMetrics, QueueSnapshot
 from serving.protocol import (
     PayloadRef,
     ProtocolError,
@@ -42,6 +49,9 @@ from serving.protocol import (
     pack,
     unpack,
 )
+
+# Who served a task when a request was queued: worker id -> its process start time.
+Incarnations = dict[str, int | None]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +94,7 @@ class Dispatcher:
         self._heartbeats: list[WorkerHeartbeat] = []
         self._heartbeats_at = -1e9
         self._heartbeats_lock = asyncio.Lock()
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -167,11 +178,12 @@ class Dispatcher:
         beats = await self._current_heartbeats()
         return [b for b in beats if task in b.queue_depth or task in b.epochs]
 
-    async def _current_heartbeats(self) -> list[WorkerHeartbeat]:
-        if time.monotonic() - self._heartbeats_at < self.settings.workers_refresh_s:
+    async def _current_heartbeats(self, *, fresh: bool = False) -> list[WorkerHeartbeat]:
+        max_age = 0.0 if fresh else self.settings.workers_refresh_s
+        if time.monotonic() - self._heartbeats_at < max_age:
             return self._heartbeats
         async with self._heartbeats_lock:
-            if time.monotonic() - self._heartbeats_at >= self.settings.workers_refresh_s:
+            if time.monotonic() - self._heartbeats_at >= max_age:
                 self._heartbeats = await self._read_heartbeats()
                 self._heartbeats_at = time.monotonic()
         return self._heartbeats
@@ -202,6 +214,51 @@ class Dispatcher:
                 await watcher.stop()
         return beats
 
+    async def _incarnations(self, task: str) -> Incarnations:
+        return {b.worker_id: b.started_ms for b in await self.live_workers(task)}
+
+    async def _lost_workers(self, task: str, before: Incarnations) -> list[str]:
+        """Workers that served ``task`` in ``before`` and are gone or restarted now."""
+        with contextlib.suppress(GatewayError, nats.errors.Error, TimeoutError):
+            now = {b.worker_id: b.started_ms for b in await self._current_heartbeats(fresh=True)}
+            return [w for w, started in before.items() if w not in now or now[w] != started]
+        return []
+
+    async def queue_snapshot(self, timeout_s: float = 2.0) -> QueueSnapshot | None:
+        """The queue as JetStream sees it (for /metrics); None while NATS cannot be read."""
+        if not self.connected or self._js is None:
+            return None
+        try:
+            return await asyncio.wait_for(self._read_queue(self._js), timeout_s)
+        except (GatewayError, nats.errors.Error, TimeoutError) as exc:
+            log.info("queue figures not readable: %s", exc)
+            return None
+
+    async def _read_queue(self, js: JetStreamContext) -> QueueSnapshot:
+        consumers = [
+            ConsumerStats(
+                task=(info.name or "").removeprefix(nats_layout.CONSUMER_PREFIX),
+                pending=info.num_pending or 0,
+                ack_pending=info.num_ack_pending or 0,
+                redelivered=info.num_redelivered or 0,
+                waiting_pulls=info.num_waiting or 0,
+            )
+            for info in await js.consumers_info(nats_layout.TASKS_STREAM)
+            if (info.name or "").startswith(nats_layout.CONSUMER_PREFIX)
+        ]
+        dlq = await js.stream_info(
+            nats_layout.DLQ_STREAM, subjects_filter=nats_layout.DLQ_SUBJECT_PREFIX + ">"
+        )
+        dead = {
+            subject.removeprefix(nats_layout.DLQ_SUBJECT_PREFIX): int(count)
+            for subject, count in (dlq.state.subjects or {}).items()
+        }
+        live: dict[str, int] = {}
+        for beat in await self._current_heartbeats():
+            for task in set(beat.queue_depth) | set(beat.epochs):
+                live[task] = live.get(task, 0) + 1
+        return QueueSnapshot(consumers=consumers, dead_letters=dead, live_workers=live)
+
     # ------------------------------------------------------------------ requests
 
     async def submit(
@@ -219,6 +276,7 @@ class Dispatcher:
             HEADER_PRIORITY: str(priority),
         }
         future: asyncio.Future[ReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
+        serving = await self._incarnations(task)
         # Registered before publishing: a fast worker may answer before publish() returns.
         self._pending[request_id] = future
         offloaded = False
@@ -247,7 +305,9 @@ class Dispatcher:
                     future, timeout=max(0.0, deadline - time.monotonic())
                 )
             except TimeoutError as exc:
-                raise DeadlineExceeded(f"no worker answered within {timeout_s:g}s") from exc
+                raise await self._deadline_error(task, timeout_s, serving) from exc
+            if isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef):
+                reply = await self._fetch_embeddings(layout, reply)
         finally:
             self.metrics.in_flight.dec()
             self._pending.pop(request_id, None)
@@ -256,6 +316,45 @@ class Dispatcher:
         if isinstance(reply, ReplyError):
             raise from_worker_error(reply.error, retry_after_s=self.settings.retry_after_s)
         return reply
+
+    async def _deadline_error(
+        self, task: str, timeout_s: float, serving: Incarnations
+    ) -> DeadlineExceeded:
+        lost = await self._lost_workers(task, serving)
+        if not lost:
+            return DeadlineExceeded(f"no worker answered within {timeout_s:g}s")
+        self.metrics.crash_deadlines.inc()
+        return DeadlineExceeded(
+            f"no worker answered within {timeout_s:g}s; worker(s) {', '.join(sorted(lost))} "
+            "died or restarted meanwhile, so the request may be retried",
+            retryable=True,
+            retry_after_s=self.settings.retry_after_s,
+        )
+
+    async def _fetch_embeddings(self, layout: nats_layout.Layout, reply: ReplyOk) -> ReplyOk:
+        """The embeddings a worker put into the object store (replies above max_payload)."""
+        assert isinstance(reply.embeddings, PayloadRef)
+        key = reply.embeddings.ref
+        try:
+            data = (await layout.payloads.get(key)).data or b""
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise Unavailable(
+                f"the reply's embeddings could not be read from the object store: {exc}",
+                code="QUEUE_UNAVAILABLE",
+                retry_after_s=self.settings.retry_after_s,
+            ) from exc
+        finally:
+            await self._delete_payload(layout, key)
+        if len(data) != reply.count * reply.dims * 4:
+            self.metrics.bad_replies.inc()
+            raise GatewayError(
+                f"the worker's embeddings object holds {len(data)} bytes, not "
+                f"{reply.count} x {reply.dims} float32",
+                code="BAD_REPLY",
+                status=502,
+            )
+        self.metrics.offloaded_replies.inc()
+        return dataclasses.replace(reply, embeddings=data)
 
     async def _ensure_consumer(self, js: JetStreamContext, task: str) -> None:
         # Workers create the consumer too; creating it here means a request queued before any
@@ -328,5 +427,12 @@ class Dispatcher:
             log.info(
                 "dropping reply to %s: not waiting for it (duplicate or late)", reply.request_id
             )
+            offloaded = isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef)
+            if offloaded and self._layout is not None:  # nobody will read that object
+                assert isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef)
+                cleanup = self._delete_payload(self._layout, reply.embeddings.ref)
+                task = asyncio.create_task(cleanup)
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
             return
         future.set_result(reply)

@@ -46,8 +46,27 @@ class Unavailable(GatewayError):
     code = ErrorCode.UNAVAILABLE
 
 
+class RateLimited(GatewayError):
+    """The API key is over its request-rate quota: retry after ``Retry-After``."""
+
+    code = ErrorCode.RATE_LIMITED
+
+
 class DeadlineExceeded(GatewayError):
     code = ErrorCode.DEADLINE_EXCEEDED
+
+
+def from_registry_error(exc: ApiError, *, retry_after_s: int) -> GatewayError:
+    """A registry failure as the gateway answers it: its declared status, code and
+    retryability, with ``Retry-After`` when it is a retryable 503 (the database is away)."""
+    retryable_503 = bool(exc.retryable) and exc.status == 503
+    return GatewayError(
+        exc.message,
+        code=exc.code,
+        status=exc.status,
+        retryable=exc.retryable,
+        retry_after_s=retry_after_s if retryable_503 else None,
+    )
 
 
 # Worker error codes (docs/protocol.md and the sidecar's settle paths) -> HTTP status.
