@@ -294,6 +294,7 @@ def up(
         out.print(f"control plane  {urls.control_plane}   (REST API, docs at /docs)")
         out.print(f"nats           {urls.nats}")
         out.print(f"workers        {', '.join(urls.workers) or '-'}")
+        out.print(f"metrics        {' '.join(urls.metrics)}")
         out.print("Ctrl-C stops everything.")
 
     try:

@@ -2,7 +2,9 @@
 
 Starts, in order: nats-server (embedded, unless a URL is given), the NATS layout, the control
 plane and the gateway (two uvicorn servers in this event loop), the placement publisher and the
-fleet watcher, and N sidecars that each start and supervise their own Python runtime. Ctrl-C or
+fleet watcher, and N sidecars that each start and supervise their own Python runtime. Every
+child process it starts (nats-server, the sidecars) is supervised: one that dies is started
+again, at once the first time and with a growing back-off while it keeps dying. Ctrl-C or
 SIGTERM stops them in reverse order; every child runs in its own process group which is killed
 at the end, so no runtime outlives the stack.
 """
@@ -80,6 +82,8 @@ class SidecarProcess:
     worker_id: str
     run_dir: Path
     memory_budget_bytes: int = 8 << 30
+    # Where the sidecar serves Prometheus metrics ("host:port"); None: no endpoint.
+    metrics_addr: str | None = None
     runtime_cmd: str = field(default_factory=runtime_command)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -105,6 +109,7 @@ class SidecarProcess:
             "--runtime-cmd", self.runtime_cmd,
             "--runtime-socket", str(self.socket_path),
             "--memory-budget-bytes", str(self.memory_budget_bytes),
+            *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -197,6 +202,8 @@ class StackUrls:
     control_plane: str
     nats: str
     workers: list[str]
+    # Prometheus endpoints: the gateway's and each worker's.
+    metrics: list[str] = field(default_factory=list)
 
 
 class QuietServer(uvicorn.Server):
@@ -220,7 +227,7 @@ async def run_stack(
 ) -> None:
     """Run until SIGINT/SIGTERM (or ``stop``); everything started is stopped on the way out."""
     from registry.api import create_app
-    from serving.embedded_nats import EmbeddedNats
+    from serving.embedded_nats import EmbeddedNats, free_port
     from serving.fleet import FleetWatcher
     from serving.gateway.app import GatewaySettings, create_gateway
     from serving.placements import PlacementPublisher
@@ -279,21 +286,28 @@ async def run_stack(
                 worker_id=f"{host}-w{i}",
                 run_dir=run_dir,
                 memory_budget_bytes=config.memory_budget_bytes,
+                metrics_addr=f"{config.host}:{free_port(config.host)}",
                 runtime_cmd=runtime_command(device=config.device),
             )
             sidecar.start()
             sidecars.append(sidecar)
 
         await _wait_started(servers)
+        gateway_url = f"http://{config.host}:{config.port}"
         on_ready(
             StackUrls(
-                gateway=f"http://{config.host}:{config.port}",
+                gateway=gateway_url,
                 control_plane=f"http://{config.host}:{config.control_port}",
                 nats=nats_url,
                 workers=[s.worker_id for s in sidecars],
+                metrics=[f"{gateway_url}/metrics"]
+                + [f"http://{s.metrics_addr}/metrics" for s in sidecars],
             )
         )
-        await _supervise(sidecars, stop)
+        children = [_sidecar_child(s) for s in sidecars]
+        if nats_server is not None:
+            children.insert(0, _nats_child(nats_server))
+        await supervise(children, stop)
     finally:
         for server in servers:
             server.should_exit = True
@@ -331,24 +345,69 @@ async def _wait_started(servers: list[QuietServer], timeout_s: float = 30.0) -> 
         await asyncio.sleep(0.05)
 
 
-async def _supervise(sidecars: list[SidecarProcess], stop: asyncio.Event) -> None:
-    """Restart a sidecar that died (with backoff) until the stack is asked to stop."""
-    restarts: dict[str, float] = {}
+@dataclass
+class Child:
+    """A supervised child process: how to tell it runs, and how to start it again."""
+
+    name: str
+    running: Callable[[], bool]
+    restart: Callable[[], None]
+    describe_exit: Callable[[], str] = lambda: ""
+    backoff_s: float = 0.0
+    next_start: float = 0.0
+    up_since: float = field(default_factory=time.monotonic)
+
+
+# The first restart is immediate; a child that keeps dying waits 1, 2, 4 ... 30 s; one that
+# stayed up this long counts as healthy again.
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+HEALTHY_AFTER_S = 60.0
+
+
+async def supervise(children: list[Child], stop: asyncio.Event, poll_s: float = 0.5) -> None:
+    """Start again every child that died, with back-off, until ``stop`` is set."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-        for sidecar in sidecars:
-            if stop.is_set() or sidecar.running():
+            await asyncio.wait_for(stop.wait(), poll_s)
+        for child in children:
+            if stop.is_set():
+                return
+            now = time.monotonic()
+            if child.running():
+                if now - child.up_since > HEALTHY_AFTER_S:
+                    child.backoff_s = 0.0
                 continue
-            code = sidecar.process.returncode if sidecar.process else None
-            last = restarts.get(sidecar.worker_id, 0.0)
-            if time.monotonic() - last < 5.0:
-                continue  # crash loop: at most one restart per 5 s
-            log.warning(
-                "worker %s exited (%s); restarting. Last log lines:\n%s",
-                sidecar.worker_id, code, sidecar.log_tail(),
-            )  # fmt: skip
-            if sidecar.pid:
-                await asyncio.to_thread(_kill_group, sidecar.pid)
-            restarts[sidecar.worker_id] = time.monotonic()
-            sidecar.start()
+            if now < child.next_start:
+                continue
+            log.warning("%s exited%s; starting it again", child.name, child.describe_exit())
+            try:
+                await asyncio.to_thread(child.restart)
+            except Exception as exc:
+                log.error("could not start %s again: %s", child.name, exc)
+            child.up_since = time.monotonic()
+            child.next_start = child.up_since + child.backoff_s
+            child.backoff_s = min(max(child.backoff_s * 2, FIRST_BACKOFF_S), MAX_BACKOFF_S)
+
+
+def _sidecar_child(sidecar: SidecarProcess) -> Child:
+    def restart() -> None:
+        if sidecar.pid:
+            _kill_group(sidecar.pid)  # its runtime, if it outlived the sidecar
+        sidecar.start()
+
+    def describe_exit() -> str:
+        code = sidecar.process.returncode if sidecar.process else None
+        return f" ({code}); last log lines:\n{sidecar.log_tail()}"
+
+    return Child(f"worker {sidecar.worker_id}", sidecar.running, restart, describe_exit)
+
+
+def _nats_child(server: Any) -> Child:
+    # Same port and store dir: clients reconnect by themselves, the queue is as it was.
+    return Child(
+        "nats-server",
+        lambda: bool(server.running),
+        server.start,
+        lambda: f" (see {server.log_file})",
+    )

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import nats
 import uvicorn
 
@@ -157,6 +158,7 @@ class LocalFleet:
                 worker_id=f"w{i}-{uuid.uuid4().hex[:8]}",
                 run_dir=self.root / "run",
                 memory_budget_bytes=self.memory_budget_bytes,
+                metrics_addr=f"127.0.0.1:{free_port()}",
                 extra_args=self.sidecar_args,
                 env={"RUST_LOG": "info,async_nats=warn"},
             )
@@ -220,6 +222,13 @@ class LocalFleet:
             return done if len(done) >= need else []
 
         return wait_until(probe, timeout_s=40)
+
+    def sidecar_metrics(self, index: int = 0) -> str:
+        """The Prometheus text of one sidecar's /metrics."""
+        return httpx.get(f"http://{self.sidecars[index].metrics_addr}/metrics", timeout=10).text
+
+    def gateway_metrics(self) -> str:
+        return httpx.get(f"{self.gateway_url}/metrics", timeout=10).text
 
     def heartbeats(self) -> dict[str, p.WorkerHeartbeat]:
         """Current KV `workers` values, read straight from NATS."""

@@ -125,3 +125,53 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
     orphans = [pid for pid in children if _alive(pid)]
     assert not orphans, f"processes left behind: {orphans}"
     assert not (home / "run" / "stack.json").exists()
+
+
+def _nats_server_pid(root: int) -> int | None:
+    for pid in _descendants(root):
+        try:
+            if Path(f"/proc/{pid}/exe").resolve().name == "nats-server" and _alive(pid):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_up_restarts_nats_server_after_it_dies(tmp_path: Path, tiny_model_path: Path) -> None:
+    """Every child `up` starts is supervised: nats-server killed, the stack serves again
+    without anyone doing anything."""
+    home = tmp_path / "home"
+    task = unique_task("upnats")
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    reg.add_task(task, suite="s")
+    reg.add_model("tiny", path=tiny_model_path)
+    reg.set_placement(task, reg.add_candidate(task, base="tiny").name, pinned=True)
+    reg.close()
+
+    port, control_port = free_port(), free_port()
+    log = (tmp_path / "up.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "1",
+         "--no-auth", "--port", str(port), "--control-port", str(control_port)],
+        cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        gateway = f"http://127.0.0.1:{port}"
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)
+        with Client(gateway, max_retries=60) as client:
+            assert client.embed(task, "vorher").shape == (1, 32)
+            first = wait_until(lambda: _nats_server_pid(proc.pid), timeout_s=5)
+            os.kill(first, signal.SIGKILL)
+            second = wait_until(
+                lambda: (p := _nats_server_pid(proc.pid)) is not None and p != first and p,
+                timeout_s=30,
+            )
+            assert second != first
+            assert client.embed(task, "nachher", timeout_ms=20_000).shape == (1, 32)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
