@@ -1,0 +1,110 @@
+"""The faults, each a plain function on a :class:`tests.fleet_fixture.LocalFleet`.
+
+Every injector records when the fault began and ended (``Window``), so a run can report the
+latency of the calls made during it. Processes are found through ``/proc`` by parent id, never
+by name, so nothing outside the fleet is touched.
+
+Call injectors that start processes (a restart) from the main thread and run the calls in
+another: fleet children get SIGTERM when the *thread* that started them ends
+(``PR_SET_PDEATHSIG``, see ``taskfleet.stack``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from taskfleet.stack import SidecarProcess
+from tests.fleet_fixture import LocalFleet, wait_until
+
+
+@dataclass
+class Window:
+    """When a fault was active, on the ``time.monotonic`` clock the counting client uses."""
+
+    name: str
+    began: float = field(default_factory=time.monotonic)
+    ended: float = 0.0
+
+    def close(self) -> Window:
+        self.ended = time.monotonic()
+        return self
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def runtime_pid(sidecar: SidecarProcess, timeout_s: float = 60.0) -> int:
+    """The runtime process the sidecar started (its only child)."""
+    assert sidecar.pid is not None
+
+    def probe() -> int | None:
+        kids = children_of(sidecar.pid or 0)
+        return kids[0] if kids else None
+
+    return wait_until(probe, timeout_s=timeout_s)
+
+
+def holds_messages(fleet: LocalFleet, sidecar: SidecarProcess, task: str) -> bool:
+    beat = fleet.heartbeats().get(sidecar.worker_id)
+    return beat is not None and beat.queue_depth.get(task, 0) > 0
+
+
+def wait_holding(
+    fleet: LocalFleet, sidecar: SidecarProcess, task: str, timeout_s: float = 30.0
+) -> None:
+    """Until the worker's heartbeat says it holds messages of ``task`` (pulled, not settled)."""
+    wait_until(lambda: holds_messages(fleet, sidecar, task), timeout_s=timeout_s, every_s=0.02)
+
+
+def kill_sidecar(sidecar: SidecarProcess, *, restart: bool = False) -> Window:
+    """SIGKILL the sidecar: no drain, no ack, no goodbye heartbeat. Its runtime is stopped
+    with it (as a crashed host would lose it). ``restart`` starts it again at once under the
+    same worker id, as ``taskfleet up``'s supervisor does."""
+    window = Window("kill -9 sidecar" + (" + restart" if restart else ""))
+    assert sidecar.process is not None
+    orphans = children_of(sidecar.process.pid)
+    sidecar.kill()
+    for pid in orphans:
+        _kill(pid)
+    if restart:
+        sidecar.start()
+    return window.close()
+
+
+def kill_runtime(sidecar: SidecarProcess) -> Window:
+    """SIGKILL the sidecar's runtime; the sidecar restarts it and reloads its models."""
+    window = Window("kill -9 runtime")
+    _kill(runtime_pid(sidecar))
+    return window.close()
+
+
+def restart_nats(fleet: LocalFleet, down_s: float = 1.0) -> Window:
+    """Stop nats-server (SIGTERM) and start it again on the same port and store."""
+    assert fleet.nats is not None
+    window = Window("nats-server restart")
+    fleet.nats.stop()
+    time.sleep(down_s)
+    fleet.nats.start()
+    return window.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

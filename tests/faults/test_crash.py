@@ -1,0 +1,94 @@
+"""A worker killed with SIGKILL while it holds requests: with the shipped settings (default
+``ack_wait``, default 30 s deadline) its requests are redelivered to the survivor in seconds and
+every call is answered; when a short deadline passes because of the crash, the 504 says
+``retryable`` and a retry is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.counting import Call, CountingClient, Tally
+from tests.faults.injectors import kill_sidecar, wait_holding
+from tests.faults.reference import Reference
+from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
+from tests.nats_fixture import unique_task
+
+# The shipped ack_wait and deadline: only the heartbeat and batching are quicker than default.
+SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
+TEXTS = [f"frage {i} zur kündigung der wohnung nach {i % 7} jahren" for i in range(200)]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
+    stack = LocalFleet(tmp_path, workers=2, sidecar_args=SIDECAR_ARGS).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _served(fleet: LocalFleet, model: Path) -> str:
+    task = unique_task("crash")
+    placement = register_served_task(fleet.reg, task, model, pinned=True)
+    try:
+        fleet.serving(task, placement.epoch, workers=2)
+    except AssertionError:
+        pytest.fail(f"both workers should serve the task:\n{fleet.logs()}")
+    return task
+
+
+def _stream_with_kill(
+    fleet: LocalFleet, task: str, reference: Reference, timeout_ms: int | None, restart: bool
+) -> Tally:
+    victim = fleet.sidecars[0]
+    tally = Tally()
+
+    async def stream() -> None:
+        async with CountingClient(
+            fleet.gateway_url, task, reference, retry_budget_s=90, tally=tally
+        ) as client:
+            calls = [Call([t], timeout_ms=timeout_ms) for t in TEXTS]
+            await client.run_all(calls, concurrency=12)
+
+    # The calls run in a thread; the fault comes from the main thread, which outlives the
+    # processes it starts (a restarted sidecar dies with the thread that started it).
+    caller = threading.Thread(target=lambda: asyncio.run(stream()))
+    caller.start()
+    wait_until(lambda: tally.sent >= 30, timeout_s=60, every_s=0.01)
+    wait_holding(fleet, victim, task)
+    kill_sidecar(victim, restart=restart)
+    caller.join()
+    return tally
+
+
+def test_crash_redelivers_within_the_default_deadline(
+    fleet: LocalFleet, tiny_model_path: Path
+) -> None:
+    reference = Reference(tiny_model_path)
+    reference.prepare(TEXTS)
+    task = _served(fleet, tiny_model_path)
+    tally = _stream_with_kill(fleet, task, reference, timeout_ms=None, restart=False)
+    assert not fleet.sidecars[0].running()
+    assert tally.answered == len(TEXTS), (tally.summary(), tally.problems(), fleet.logs())
+    assert tally.retryable_errors == 0, tally.summary()
+    # The held requests came back after ack_wait, well inside the 30 s default deadline.
+    assert max(r.seconds for r in tally.records) < 25, tally.summary()
+
+
+def test_deadline_missed_because_of_a_crash_is_retryable(
+    fleet: LocalFleet, tiny_model_path: Path
+) -> None:
+    reference = Reference(tiny_model_path)
+    reference.prepare(TEXTS)
+    task = _served(fleet, tiny_model_path)
+    # A deadline shorter than ack_wait: what the victim held cannot be redelivered in time.
+    tally = _stream_with_kill(fleet, task, reference, timeout_ms=5_000, restart=True)
+    summary = tally.summary()
+    assert tally.lost == 0 and tally.wrong == 0, (tally.problems(), summary, fleet.logs())
+    assert tally.answered == len(TEXTS), summary
+    assert summary["codes"].get("DEADLINE_EXCEEDED", 0) >= 1, summary
