@@ -5,9 +5,12 @@ request, decides about retries and parses the answer, and only *asks* its driver
 request or to wait. The two drivers (``Client`` over ``httpx.Client``, ``AsyncClient`` over
 ``httpx.AsyncClient``) do nothing else, so they cannot drift apart.
 
-Retries: a 503 (no worker can take the task yet, or the queue is unreachable) is retried after
-the server's ``Retry-After``, up to ``max_retries`` times; nothing was queued for a 503, so a
-retry never runs a request twice. Every other error raises at once.
+Retries: an error the server marks ``retryable`` - a 503 (no worker can take the task yet, the
+queue or the registry is unreachable), a 429 (the key is over its quota) or a 504 whose worker
+died meanwhile - is retried after the server's ``Retry-After``, up to ``max_retries`` times.
+Nothing was queued for a 503 or a 429, and a request that missed its deadline is dropped by
+the worker that finds it, so a retry never runs a request twice. Every other error raises at
+once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from serving.protocol import embeddings_from_bytes
 TextKind = Literal["query", "passage"]
 MSGPACK = "application/msgpack"
 DEFAULT_RETRY_AFTER_S = 1.0
+# Statuses retried when the error says retryable.
+RETRY_STATUSES = frozenset({429, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 
 
@@ -67,6 +72,10 @@ class Unavailable(TaskfleetError):
     """503 after all retries: no worker could take the task."""
 
 
+class RateLimited(TaskfleetError):
+    """429 after all retries: the API key is over its request-rate quota."""
+
+
 class DeadlineExceeded(TaskfleetError):
     """504: no worker answered before the deadline."""
 
@@ -82,6 +91,7 @@ _ERRORS_BY_STATUS: dict[int, type[TaskfleetError]] = {
     404: UnknownTask,
     413: BadRequest,
     415: BadRequest,
+    429: RateLimited,
     503: Unavailable,
     504: DeadlineExceeded,
 }
@@ -128,7 +138,8 @@ def _embed_steps(
         if response.status_code == 200:
             return _parse_embeddings(response)
         error = _error_of(response)
-        if response.status_code != 503 or attempt >= max_retries:
+        retry = response.status_code in RETRY_STATUSES and error.retryable
+        if not retry or attempt >= max_retries:
             raise error
         attempt += 1
         yield _Wait(error.retry_after_s or DEFAULT_RETRY_AFTER_S)

@@ -308,6 +308,7 @@ def test_health_readiness_and_metrics(stack: Stack) -> None:
     task = stack.task(placed=False)
     post_msgpack(stack.url, task, {"inputs": ["x"]})
     text = httpx.get(f"{stack.url}/metrics").text
-    assert f'taskfleet_gateway_requests_total{{status="503",task="{task}"}} 1.0' in text
+    line = f'taskfleet_gateway_requests_total{{code="NOT_PLACED",status="503",task="{task}"}} 1.0'
+    assert line in text
     assert "taskfleet_gateway_request_seconds_bucket" in text
     assert "taskfleet_gateway_in_flight 0.0" in text

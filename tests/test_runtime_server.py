@@ -223,6 +223,22 @@ def test_infer_matches_in_process_encoding(server: Path, models: Models) -> None
     np.testing.assert_allclose(queries, expected(models.base, prefixed), atol=1e-5)
 
 
+def test_a_batch_past_its_deadline_is_dropped_unrun(server: Path, models: Models) -> None:
+    now_ms = int(time.time() * 1000)
+
+    async def scenario(c: Conn) -> tuple[Any, Any]:
+        await c.call(load("deadline", models.base))
+        items = [p.InferItem(model_key="deadline", kind="query", texts=TEXTS)]
+        late = p.InferRequest(id=4, batch_id="late", items=items, deadline_ms=now_ms - 1)
+        timely = p.InferRequest(id=5, batch_id="ok", items=items, deadline_ms=now_ms + 600_000)
+        return await c.call(late), await c.call(timely)
+
+    late, timely = run(server, scenario)
+    assert isinstance(late, p.ErrorReply), late
+    assert late.error.code == "DEADLINE_EXCEEDED" and late.error.retryable is False
+    assert isinstance(timely, p.InferReply) and timely.results[0].count == len(TEXTS)
+
+
 def test_adapters_share_the_base_and_mix_in_one_batch(server: Path, models: Models) -> None:
     async def scenario(c: Conn) -> list[Any]:
         return [

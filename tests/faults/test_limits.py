@@ -11,8 +11,13 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import msgpack
+import nats
 import pytest
+from nats.js.api import DiscardPolicy
 
+from serving import nats_layout
 from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol
 from tests.faults.reference import Reference
 from tests.fleet_fixture import LocalFleet, register_served_task
@@ -80,3 +85,57 @@ def test_2048_inputs_of_1024_dims_are_answered(fleet: LocalFleet, wider_model_pa
         assert tally.answered == 2, (tally.summary(), tally.records)
 
     asyncio.run(run())
+
+
+async def _limit_payloads(url: str, max_bytes: int | None) -> None:
+    """Make the payloads bucket refuse objects above ``max_bytes`` (None: lift the limit)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(f"OBJ_{nats_layout.PAYLOADS_BUCKET}")
+        config = info.config
+        config.max_bytes = max_bytes if max_bytes is not None else -1
+        config.discard = DiscardPolicy.NEW if max_bytes is not None else DiscardPolicy.OLD
+        await js.update_stream(config)
+    finally:
+        await nc.close()
+
+
+async def _dead_letters(url: str, task: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(
+            nats_layout.DLQ_STREAM, subjects_filter=nats_layout.dlq_subject(task)
+        )
+        return int((info.state.subjects or {}).get(nats_layout.dlq_subject(task), 0))
+    finally:
+        await nc.close()
+
+
+def test_a_reply_that_cannot_be_sent_is_an_error_and_a_dead_letter(
+    fleet: LocalFleet, wide_model_path: Path
+) -> None:
+    """Above max_payload with the object store refusing the embeddings: the caller hears
+    REPLY_UNDELIVERABLE at once (no deadline wait) and the request is in the DLQ for replay."""
+    task = _serve(fleet, wide_model_path)
+    assert fleet.nats is not None
+    asyncio.run(_limit_payloads(fleet.nats.url, 256 * 1024))
+    try:
+        texts = limit_texts(700)  # 700 x 384 float32 = 1.03 MiB: just above max_payload
+        body = msgpack.packb({"inputs": texts}, use_bin_type=True)
+        response = httpx.post(
+            f"{fleet.gateway_url}/v1/tasks/{task}",
+            content=body,
+            headers={"Content-Type": "application/msgpack", "X-Taskfleet-Timeout-Ms": "180000"},
+            timeout=200,
+        )
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+        assert error["code"] == "REPLY_UNDELIVERABLE" and error["retryable"] is False
+        assert asyncio.run(_dead_letters(fleet.nats.url, task)) == 1
+        text = fleet.sidecar_metrics()
+        assert f'taskfleet_sidecar_reply_failures_total{{task="{task}"}} 1' in text
+        dead = f'taskfleet_sidecar_dead_letters_total{{task="{task}",code="REPLY_UNDELIVERABLE"}} 1'
+        assert dead in text
+    finally:
+        asyncio.run(_limit_payloads(fleet.nats.url, None))
