@@ -146,6 +146,8 @@ async def replay(
             headers[HEADER_REPLY] = inbox
 
             async def on_reply(msg: Msg, fut: asyncio.Future[Msg] = future) -> None:
+                if msg.reply:  # the worker acks the request once its reply is confirmed
+                    await msg.respond(b"")
                 if not fut.done():
                     fut.set_result(msg)
 

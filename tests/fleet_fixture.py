@@ -126,6 +126,7 @@ class LocalFleet:
         self._gateway_server: uvicorn.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loops: list[PlacementPublisher | FleetWatcher] = []
+        self._control_thread: threading.Thread | None = None
 
     # -- lifecycle
     def start(self) -> LocalFleet:
@@ -183,6 +184,19 @@ class LocalFleet:
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self._threads.append(thread)
+        self._control_thread = thread
+
+    def stop_control_loops(self) -> None:
+        """Stop the placement publisher and fleet watcher (the control plane's NATS side), as
+        a control-plane crash would; :meth:`start_control_loops` brings them back."""
+        assert self._loop is not None and self._control_thread is not None
+        for control in self._loops:
+            self._loop.call_soon_threadsafe(control.stop)
+        self._control_thread.join(timeout=15)
+        self._threads.remove(self._control_thread)
+
+    def start_control_loops(self) -> None:
+        self._start_control_loops()
 
     def stop(self) -> None:
         for sidecar in self.sidecars:

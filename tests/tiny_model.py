@@ -55,10 +55,13 @@ def build_tiny_model(
     heads: int = 2,
     max_seq_length: int = 64,
     normalize: bool = True,
+    max_position_embeddings: int | None = None,
 ) -> Path:
     """Write a sentence-transformers folder (Transformer + mean Pooling [+ Normalize]) to ``path``.
 
     Loadable with ``SentenceTransformer(str(path), local_files_only=True)``.
+    ``max_position_embeddings`` below ``max_seq_length`` builds a misconfigured model whose
+    forward pass fails on long inputs: a real "poison input" for fault tests.
     """
     import torch
     from sentence_transformers import SentenceTransformer
@@ -84,7 +87,7 @@ def build_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         intermediate_size=hidden * 2,
-        max_position_embeddings=max(128, max_seq_length),
+        max_position_embeddings=max_position_embeddings or max(128, max_seq_length),
     )
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(str(hf_dir))

@@ -5,10 +5,12 @@ replies resolve futures keyed by request id. A reply whose request is no longer 
 answered, or abandoned at its deadline) is dropped and counted: JetStream may deliver a message
 twice (ack lost, worker died after replying), and the second answer must not reach anyone.
 
-A reply above NATS's ``max_payload`` carries its embeddings as an object-store reference; the
-gateway reads the object and deletes it. When the deadline passes without a reply, the 504 says
-``retryable`` if a worker that served the task died or restarted meanwhile (its heartbeat is
-gone, or carries a new start time): whatever it held was lost with it, not refused.
+Every reply received is confirmed to its worker (an empty response): the worker acks the queue
+message only then. A reply above NATS's ``max_payload`` carries its embeddings as an
+object-store reference; the gateway reads the object and deletes it. When the deadline passes
+without a reply, the 504 says ``retryable`` if a worker that served the task died or restarted
+meanwhile (its heartbeat is gone, or carries a new start time): whatever it held was lost with
+it, not refused.
 """
 
 from __future__ import annotations
@@ -190,7 +192,15 @@ class Dispatcher:
 
     async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
         _, layout = self._require_connection()
-        watcher = await layout.workers.watchall(ignore_deletes=True)
+        unavailable = Unavailable(
+            "could not read worker heartbeats from NATS",
+            code="QUEUE_UNAVAILABLE",
+            retry_after_s=self.settings.retry_after_s,
+        )
+        try:  # NATS may be restarting: every failure here is a retryable 503
+            watcher = await layout.workers.watchall(ignore_deletes=True)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise unavailable from exc
         beats: list[WorkerHeartbeat] = []
         try:
             while True:
@@ -203,12 +213,8 @@ class Dispatcher:
                     beats.append(from_wire(WorkerHeartbeat, unpack(entry.value)))
                 except ProtocolError as exc:
                     log.warning("ignoring malformed heartbeat under %r: %s", entry.key, exc)
-        except (TimeoutError, nats.errors.TimeoutError) as exc:
-            raise Unavailable(
-                "could not read worker heartbeats from NATS",
-                code="QUEUE_UNAVAILABLE",
-                retry_after_s=self.settings.retry_after_s,
-            ) from exc
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise unavailable from exc
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
@@ -402,6 +408,12 @@ class Dispatcher:
                     code="QUEUE_UNAVAILABLE",
                     retry_after_s=self.settings.retry_after_s,
                 ) from exc
+            except nats.errors.Error as exc:  # the stream refused it (full, misconfigured)
+                raise Unavailable(
+                    f"JetStream did not take the request: {exc}",
+                    code="QUEUE_UNAVAILABLE",
+                    retry_after_s=self.settings.retry_after_s,
+                ) from exc
             await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     async def _delete_payload(self, layout: nats_layout.Layout, key: str) -> None:
@@ -410,6 +422,11 @@ class Dispatcher:
             await layout.payloads.delete(key)
 
     async def _on_reply(self, msg: Msg) -> None:
+        # The worker sends its reply as a request and acks the queue message only once we
+        # confirm it, so a reply that reaches no gateway (NATS restarting) is sent again.
+        if msg.reply:
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(b"")
         try:
             obj = msgpack.unpackb(msg.data, raw=False)
             if not isinstance(obj, dict):

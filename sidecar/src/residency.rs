@@ -75,6 +75,9 @@ impl Drop for InUse {
             model.in_use = model.in_use.saturating_sub(1);
             model.last_used = Instant::now();
         }
+        drop(state);
+        // A load waiting for room may now evict this model.
+        self.residency.notify();
     }
 }
 
@@ -230,6 +233,18 @@ impl Residency {
                 return;
             };
             self.make_room(estimate, &key).await;
+            if self.used() + estimate > self.budget
+                && !pinned
+                && self.fits_once_idle(&key, estimate)
+            {
+                // Room is held by lazy models in a running batch: wait until they are idle
+                // and can be evicted. The model stays "loading": its requests wait in the
+                // queue instead of failing.
+                drop(guard);
+                let mut changes = self.changed.subscribe();
+                let _ = tokio::time::timeout(Duration::from_millis(500), changes.changed()).await;
+                continue;
+            }
             let result = if self.used() + estimate > self.budget && !pinned {
                 Err(Error::Runtime(ErrorBody::new(
                     "OUT_OF_MEMORY",
@@ -308,6 +323,23 @@ impl Residency {
         });
         let estimate = if base_loaded { 0 } else { model.estimate };
         Some((model.request.clone(), estimate, model.pinned))
+    }
+
+    /// Whether `extra` bytes would fit once the lazy models now busy in batches are evicted.
+    fn fits_once_idle(&self, exclude: &str, extra: u64) -> bool {
+        let state = self.lock();
+        let busy_lazy: u64 = state
+            .models
+            .iter()
+            .filter(|(k, m)| {
+                k.as_str() != exclude
+                    && !m.pinned
+                    && m.in_use > 0
+                    && matches!(m.status, Status::Loaded)
+            })
+            .map(|(_, m)| m.bytes)
+            .sum();
+        busy_lazy > 0 && state.used.saturating_sub(busy_lazy) + extra <= self.budget
     }
 
     /// Unloads least recently used idle lazy models until `extra` more bytes fit the budget.

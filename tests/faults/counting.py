@@ -13,7 +13,8 @@ Every call ends in exactly one outcome:
   ``retryable: false``, a 500), or no HTTP answer at all.
 
 Besides outcomes the tally counts ``duplicated`` answers (one request id answering two calls)
-and every 5xx other than 503/504 (``server_errors``: "no 500" means this stays 0).
+and every 500 (``internal_errors``: "no 500" means this stays 0; documented failures are other
+statuses - 502 for a worker's own error such as INFER_FAILED, 503/504 when retryable).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Call:
     # The error code this call must end with (poison or bad input); None: it must be answered.
     expect_error: str | None = None
     family: str = "normal"
+    # Another task than the client's (a stream over several tasks).
+    task: str | None = None
 
 
 @dataclass
@@ -108,9 +111,9 @@ class Tally:
         return sum(r.retryable_errors for r in self.records)
 
     @property
-    def server_errors(self) -> int:
-        """5xx answers other than the documented 503/504 (never expected)."""
-        return sum(1 for r in self.records for s in r.statuses if s >= 500 and s not in (503, 504))
+    def internal_errors(self) -> int:
+        """500 answers: an unforeseen failure somewhere (never expected)."""
+        return sum(1 for r in self.records for s in r.statuses if s == 500)
 
     def codes(self) -> Counter[str]:
         return Counter(code for r in self.records for code in r.codes)
@@ -127,11 +130,11 @@ class Tally:
 
     # ---- latency
     def latencies(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
-        """Seconds of answered calls that started in [since, until)."""
+        """Seconds of answered calls that were in flight at some time in [since, until]."""
         return [
             r.seconds
             for r in self.records
-            if r.outcome == "answered" and since <= r.started < until
+            if r.outcome == "answered" and r.started <= until and r.ended >= since
         ]
 
     def p99(self, since: float = 0.0, until: float = float("inf")) -> float:
@@ -144,7 +147,7 @@ class Tally:
             **{o: self.count(o) for o in OUTCOMES},
             "retryable_errors": self.retryable_errors,
             "duplicated": self.duplicated,
-            "server_errors": self.server_errors,
+            "internal_errors": self.internal_errors,
             "p99_s": round(self.p99(since, until), 3),
             "codes": dict(sorted(self.codes().items())),
         }
@@ -156,7 +159,7 @@ class Tally:
             ("lost", self.lost),
             ("wrong", self.wrong),
             ("duplicated", self.duplicated),
-            ("server_errors", self.server_errors),
+            ("internal_errors", self.internal_errors),
         ):
             if value:
                 found.append(f"{name}={value}")
@@ -170,7 +173,13 @@ class Tally:
 
 
 class CountingClient:
-    """Sends calls to one gateway and records each one's outcome in ``tally``."""
+    """Sends calls to one gateway and records each one's outcome in ``tally``.
+
+    Answers are checked against ``reference``; when several models may answer (a promotion
+    under way, several tasks), ``by_model`` maps (task, the ``X-Taskfleet-Model`` an answer
+    names) to the reference of that model. A model the call's task does not map is checked
+    against ``reference`` (for the client's own task) and so counts as wrong.
+    """
 
     def __init__(
         self,
@@ -178,6 +187,7 @@ class CountingClient:
         task: str,
         reference: Reference,
         *,
+        by_model: dict[tuple[str, str], Reference] | None = None,
         api_key: str | None = None,
         retry_budget_s: float = 60.0,
         http_timeout_s: float = 120.0,
@@ -186,6 +196,7 @@ class CountingClient:
         self.base_url = base_url.rstrip("/")
         self.task = task
         self.reference = reference
+        self.by_model = by_model or {}
         self.retry_budget_s = retry_budget_s
         self.tally = tally if tally is not None else Tally()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -244,9 +255,10 @@ class CountingClient:
         headers: dict[str, str] = {}
         if call.timeout_ms is not None:
             headers["X-Taskfleet-Timeout-Ms"] = str(call.timeout_ms)
+        task = call.task or self.task
         if call.protocol == "openai":
             body: dict[str, Any] = {
-                "model": self.task,
+                "model": task,
                 "input": call.texts,
                 "encoding_format": "base64",
                 "kind": call.kind,
@@ -266,7 +278,7 @@ class CountingClient:
             media = "application/msgpack"
         return self._http.build_request(
             "POST",
-            f"{self.base_url}/v1/tasks/{self.task}",
+            f"{self.base_url}/v1/tasks/{task}",
             content=content,
             headers={**headers, "Content-Type": media, "Accept": media},
         )
@@ -283,7 +295,13 @@ class CountingClient:
             return "wrong"
         if call.expect_error is not None:
             return "wrong"  # poison must not produce vectors
-        return "answered" if self.reference.matches(call.texts, vectors, call.kind) else "wrong"
+        task = call.task or self.task
+        model = response.headers.get("X-Taskfleet-Model", "")
+        reference = self.by_model.get((task, model))
+        if reference is None and task != self.task:
+            return "wrong"
+        reference = reference or self.reference
+        return "answered" if reference.matches(call.texts, vectors, call.kind) else "wrong"
 
     # ---- a stream of calls
     async def stream(

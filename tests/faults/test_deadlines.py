@@ -46,6 +46,7 @@ async def _publish_and_collect(
     prefix = f"_tf.test.{uuid.uuid4().hex[:8]}."
 
     async def on_reply(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(b"")  # confirm, as a gateway does
         obj = unpack(msg.data)
         reply = from_wire(ReplyOk if obj.get("ok") else ReplyError, obj)
         replies[reply.request_id] = reply

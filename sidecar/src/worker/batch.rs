@@ -305,7 +305,11 @@ impl TaskLoop {
                     tokens,
                 });
             }
-            Err(e) => self.settler.fail(envelope, &e).await,
+            // Settled aside: its error reply may wait for a gateway, the loop must not.
+            Err(e) => {
+                let settler = self.settler.clone();
+                tokio::spawn(async move { settler.fail(envelope, &e).await });
+            }
         }
     }
 }
@@ -461,21 +465,28 @@ impl BatchRun<'_> {
         result
     }
 
+    /// Replies to every message at once (each waits for its gateway's confirmation).
     async fn succeed(&self, batch: Vec<Pending>, reply: InferReply) {
-        for (pending, result) in batch.into_iter().zip(reply.results) {
-            let reply = ReplyMessage::ok(
-                &pending.envelope.request_id,
-                &self.placement.model_key,
-                self.placement.epoch,
-                result,
-            );
-            let answered = self.settler.succeed(pending.envelope, reply).await;
-            if let (true, Some(key)) = (answered, pending.payload_ref) {
-                // The request is answered, so its object-store inputs are no longer needed
-                // (a dead letter keeps them for its replay).
-                self.workers.payloads.delete(&key).await;
-            }
-        }
+        let settles = batch
+            .into_iter()
+            .zip(reply.results)
+            .map(|(pending, result)| {
+                let reply = ReplyMessage::ok(
+                    &pending.envelope.request_id,
+                    &self.placement.model_key,
+                    self.placement.epoch,
+                    result,
+                );
+                async move {
+                    let answered = self.settler.succeed(pending.envelope, reply).await;
+                    if let (true, Some(key)) = (answered, pending.payload_ref) {
+                        // The request is answered, so its object-store inputs are no longer
+                        // needed (a dead letter keeps them for its replay).
+                        self.workers.payloads.delete(&key).await;
+                    }
+                }
+            });
+        futures::future::join_all(settles).await;
     }
 
     async fn fail(&self, batch: Vec<Pending>, error: &Error) {

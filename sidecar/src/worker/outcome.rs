@@ -1,15 +1,22 @@
 //! How a held message is settled: answered and acked, retried later (nak with delay), expired
-//! or dead-lettered. The requester always gets a reply unless the message will be retried, and
-//! a message is acked only once its reply was handed to NATS: a reply that cannot be sent
-//! (above `max_payload` and the object store unreachable, NATS gone) becomes a dead letter.
+//! or dead-lettered. The requester always gets a reply unless the message will be retried.
+//!
+//! A reply is sent as a NATS request and the gateway confirms it with an empty response, so a
+//! message is acked only once its reply has *arrived*: a reply published while the gateway
+//! was reconnecting (NATS restart) would otherwise vanish and the caller wait for its deadline.
+//! Until then the reply is sent again (the message kept alive) up to the request's deadline;
+//! past it nobody waits any more. A reply that cannot be sent at all (above `max_payload` and
+//! refused by the object store) becomes a dead letter.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::AckKind};
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, RequestErrorKind};
+use bytes::Bytes;
 
 use super::intake::{Envelope, HEADER_ERROR};
+use super::now_ms;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::nats::Payloads;
@@ -17,6 +24,18 @@ use crate::protocol::{self, EmbeddingsData, ErrorBody, PayloadRef, ReplyMessage}
 
 /// NATS's default `max_payload`, used until the server has told its own.
 const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+/// How long one delivery attempt waits for the gateway's confirmation.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a reply without a deadline is sent again while no gateway confirms it.
+const UNDATED_DELIVERY: Duration = Duration::from_secs(30);
+
+/// What became of a reply.
+pub enum Delivery {
+    /// The requester's gateway confirmed it (or the message named no reply subject).
+    Confirmed,
+    /// Nobody confirmed it before the request's deadline: nobody waits for it any more.
+    Abandoned(String),
+}
 
 #[derive(Clone)]
 pub struct Settler {
@@ -35,12 +54,13 @@ impl Settler {
         self.max_deliver > 0 && envelope.delivered >= self.max_deliver
     }
 
-    /// Publishes the reply to the requester's `Tf-Reply` subject (core NATS); a reply above
-    /// the server's `max_payload` carries its embeddings as an object-store reference.
-    pub async fn reply(&self, envelope: &Envelope, reply: ReplyMessage) -> Result<()> {
+    /// Sends the reply to the requester's `Tf-Reply` subject until its gateway confirms it
+    /// (see the module docs); a reply above the server's `max_payload` carries its embeddings
+    /// as an object-store reference. `Err` only when the reply cannot be sent at all.
+    pub async fn reply(&self, envelope: &Envelope, reply: ReplyMessage) -> Result<Delivery> {
         let Some(subject) = envelope.reply_to.clone() else {
             tracing::warn!(request_id = %envelope.request_id, "message has no Tf-Reply header");
-            return Ok(());
+            return Ok(Delivery::Confirmed);
         };
         let outcome = if matches!(reply, ReplyMessage::Ok(_)) {
             "ok"
@@ -51,12 +71,49 @@ impl Settler {
         if bytes.len() > self.max_payload() {
             bytes = protocol::encode(&self.offload(envelope, reply).await?)?;
         }
-        self.client
-            .publish(subject, bytes.into())
-            .await
-            .map_err(Error::nats("publish reply"))?;
+        let delivery = self.deliver(envelope, subject, bytes.into()).await?;
+        let outcome = match &delivery {
+            Delivery::Confirmed => outcome,
+            Delivery::Abandoned(_) => "abandoned",
+        };
         metrics().replies.inc(&[&self.task, outcome]);
-        Ok(())
+        Ok(delivery)
+    }
+
+    async fn deliver(
+        &self,
+        envelope: &Envelope,
+        subject: String,
+        bytes: Bytes,
+    ) -> Result<Delivery> {
+        let until = envelope
+            .deadline_ms
+            .unwrap_or_else(|| now_ms() + UNDATED_DELIVERY.as_millis() as u64);
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let attempt = self.client.request(subject.clone(), bytes.clone());
+            let why = match tokio::time::timeout(CONFIRM_TIMEOUT, attempt).await {
+                Ok(Ok(_)) => return Ok(Delivery::Confirmed),
+                Ok(Err(e)) => match e.kind() {
+                    RequestErrorKind::MaxPayloadExceeded | RequestErrorKind::InvalidSubject => {
+                        return Err(Error::nats("send reply")(e));
+                    }
+                    RequestErrorKind::NoResponders => {
+                        "no gateway listens on the reply subject".to_string()
+                    }
+                    _ => e.to_string(),
+                },
+                Err(_) => "the gateway did not confirm the reply".to_string(),
+            };
+            if now_ms() >= until {
+                tracing::warn!(request_id = %envelope.request_id, reason = %why, "reply abandoned: its deadline passed");
+                return Ok(Delivery::Abandoned(why));
+            }
+            tracing::info!(request_id = %envelope.request_id, reason = %why, "reply not confirmed; sending it again");
+            let _ = envelope.msg.ack_with(AckKind::Progress).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
     }
 
     fn max_payload(&self) -> usize {
@@ -97,7 +154,9 @@ impl Settler {
     /// Answers and acks (true); a reply that cannot be sent is dead-lettered instead (false).
     pub async fn succeed(&self, envelope: Envelope, reply: ReplyMessage) -> bool {
         match self.reply(&envelope, reply).await {
-            Ok(()) => {
+            // Abandoned too: the work is done and nobody waits for it; running it again
+            // would help no one.
+            Ok(_) => {
                 self.ack(&envelope, AckKind::Ack).await;
                 true
             }

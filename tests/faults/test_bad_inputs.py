@@ -1,0 +1,40 @@
+"""Every bad request of the catalogue (tests/faults/bad_inputs.py) gets the status and code
+docs/protocol.md promises, in the one error shape; none is a 500 and none reaches the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from serving.embedded_nats import EmbeddedNats
+from serving.gateway import GatewaySettings
+from tests.faults.bad_inputs import catalogue, send_all, total
+from tests.gateway_fixture import Stack, gateway_stack
+from tests.nats_fixture import running_nats
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_nats(tmp_path_factory.mktemp("nats")) as server:
+        assert isinstance(server, EmbeddedNats)
+        settings = GatewaySettings(require_auth=False, default_timeout_s=10, workers_refresh_s=0)
+        with gateway_stack(server.url, tmp_path_factory.mktemp("gw"), settings) as built:
+            yield built
+
+
+def test_every_bad_input_is_answered_as_documented(stack: Stack) -> None:
+    task = stack.task()
+    peer = stack.responder(task)  # a request that wrongly got through would be answered 200
+    try:
+        cases = catalogue()
+        with httpx.Client(timeout=30) as http:
+            counts = send_all(http, stack.url, task, cases)
+        assert len(cases) >= 80
+        mismatches = {f: c.mismatches for f, c in counts.items() if c.mismatches}
+        assert not mismatches, mismatches
+        assert total(counts)["internal_errors"] == 0
+        assert peer.seen_payloads == [], "a bad request reached the queue"
+    finally:
+        stack.loop.run(peer.stop())
