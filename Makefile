@@ -59,6 +59,7 @@ bench: $(STAMP) sidecar
 	$(PY) benchmarks/eval_german_legal.py
 	$(PY) benchmarks/lora_german_legal.py
 	$(PY) benchmarks/serving_throughput.py
+	$(PY) benchmarks/reliability.py
 
 clean:
 	rm -rf $(VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -365,6 +366,8 @@ def main() -> int:
     parser.add_argument("--proptest-cases", type=int, default=20_000)
     parser.add_argument("--skip-fuzz", action="store_true", help="no hypothesis/proptest run")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so every fleet started here is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load = sc.Load(calls=args.calls, concurrency=args.concurrency)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
