@@ -46,6 +46,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_OP = "UNKNOWN_OP"
     LOAD_FAILED = "LOAD_FAILED"
     INFER_FAILED = "INFER_FAILED"
+    REPLY_UNDELIVERABLE = "REPLY_UNDELIVERABLE"
+    BAD_REPLY = "BAD_REPLY"
     UNAVAILABLE = "UNAVAILABLE"
     NOT_PLACED = "NOT_PLACED"
     NO_WORKER = "NO_WORKER"
@@ -92,6 +94,10 @@ CODES: dict[ErrorCode, CodeInfo] = {
     _C.UNKNOWN_OP: CodeInfo(502, False, "a worker's runtime did not know the operation"),
     _C.LOAD_FAILED: CodeInfo(502, False, "a worker could not load the model"),
     _C.INFER_FAILED: CodeInfo(502, False, "a worker's model failed on the batch"),
+    _C.REPLY_UNDELIVERABLE: CodeInfo(
+        502, False, "a worker computed the answer but could not send it (it was dead-lettered)"
+    ),
+    _C.BAD_REPLY: CodeInfo(502, False, "a worker's reply did not match its request"),
     _C.UNAVAILABLE: CodeInfo(503, True, "no worker can take the task yet"),
     _C.NOT_PLACED: CodeInfo(503, True, "the task has no placement yet (no champion)"),
     _C.NO_WORKER: CodeInfo(503, True, "no live worker serves the task"),

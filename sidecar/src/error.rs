@@ -60,7 +60,7 @@ impl Error {
                 ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
             }
             Error::ReplyUndeliverable(message) => {
-                ErrorBody::new("REPLY_UNDELIVERABLE", message, true)
+                ErrorBody::new("REPLY_UNDELIVERABLE", message, false)
             }
             other => ErrorBody::new("INTERNAL", &other.to_string(), true),
         }

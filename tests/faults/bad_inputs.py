@@ -174,20 +174,22 @@ def catalogue(max_inputs: int = 2048, max_body_bytes: int = 32 * 1024 * 1024) ->
 
     # ---- routes and tasks
     family = "routes and tasks"
-    bad.append(BadInput(family, "unknown task", ok, 404, "UNKNOWN_TASK", task="no-such-task"))
-    bad.append(BadInput(family, "task name with a dot", ok, 404, "UNKNOWN_TASK", task="a.b"))
+    bad.append(BadInput(family, "unknown task", ok, 404, "NOT_FOUND", task="no-such-task"))
+    bad.append(BadInput(family, "task name with a dot", ok, 404, "NOT_FOUND", task="a.b"))
     bad.append(
         BadInput(
             family,
             "unknown task (openai)",
             _js({"model": "no-such-task", "input": "a"}),
             404,
-            "UNKNOWN_TASK",
+            "NOT_FOUND",
             JSON,
             route="openai",
         )
     )
-    bad.append(BadInput(family, "GET on the task route", b"", 405, "HTTP_ERROR", method="GET"))
+    bad.append(
+        BadInput(family, "GET on the task route", b"", 405, "METHOD_NOT_ALLOWED", method="GET")
+    )
     return bad
 
 
