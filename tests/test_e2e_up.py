@@ -145,7 +145,8 @@ def test_up_restarts_nats_server_after_it_dies(tmp_path: Path, tiny_model_path: 
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     reg.add_task(task, suite="s")
     reg.add_model("tiny", path=tiny_model_path)
-    reg.set_placement(task, reg.add_candidate(task, base="tiny").name, pinned=True)
+    candidate = reg.add_candidate(task, base="tiny").name
+    reg.promote(task, candidate, override=True, reason="test: no eval run", pinned=True)
     reg.close()
 
     port, control_port = free_port(), free_port()

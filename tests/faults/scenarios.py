@@ -251,7 +251,8 @@ def promote_with_control_plane_restart(
         _when_sent(tally, 0.2, load)
         window = Window("promotion + control-plane restart")
         fleet.stop_control_loops()
-        fleet.reg.set_placement(task, candidate, pinned=True)  # written, not yet published
+        # Written to the registry, not yet published: the publisher is down.
+        fleet.reg.promote(task, candidate, override=True, reason="fault suite", pinned=True)
         time.sleep(1.0)
         fleet.start_control_loops()
         after = fleet.reg.current_placement(task)
