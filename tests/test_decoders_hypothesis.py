@@ -6,7 +6,7 @@ anything else (an unexpected exception is a 500 at the gateway or a dead runtime
 - public request bodies (msgpack and JSON, task route and OpenAI route) -> ``BadRequest``;
 - socket frames and messages (frame reader, request dispatch, every wire type) ->
   ``ProtocolError`` / ``FrameError``;
-- KV values (placements, heartbeats) -> ``ProtocolError``;
+- KV values (worker heartbeats) -> ``ProtocolError``;
 - and over real HTTP, a live gateway answers any body with the error shape or a correct
   answer, never a 500.
 
@@ -37,7 +37,6 @@ from serving.fleet import decode_heartbeat
 from serving.gateway import GatewaySettings
 from serving.gateway.bodies import Format, parse_openai_request, parse_task_request
 from serving.gateway.errors import BadRequest
-from serving.placements import decode_placement
 from tests.gateway_fixture import Responder, Stack, expected_embedding, gateway_stack
 from tests.nats_fixture import running_nats
 
@@ -173,7 +172,8 @@ def test_socket_requests_decode_or_raise_protocol_error(obj: Any) -> None:
 @given(st.binary(max_size=512))
 def test_kv_values_and_packed_bytes_decode_or_raise_protocol_error(data: bytes) -> None:
     EXAMPLES["KV value / msgpack bytes"] += 1
-    for decode in (decode_heartbeat, decode_placement, p.unpack):
+    # (KV placements are the control plane's: tests/test_properties.py covers them.)
+    for decode in (decode_heartbeat, p.unpack):
         with contextlib.suppress(p.ProtocolError):
             decode(data)
 
