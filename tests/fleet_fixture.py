@@ -198,6 +198,12 @@ class LocalFleet:
     def start_control_loops(self) -> None:
         self._start_control_loops()
 
+    def __enter__(self) -> LocalFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         for sidecar in self.sidecars:
             sidecar.stop(timeout_s=10)

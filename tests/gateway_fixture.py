@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import nats
 import numpy as np
+import pytest
 import uvicorn
 from fastapi import FastAPI
 from nats.aio.client import Client as NatsClient
@@ -44,6 +45,7 @@ from serving.protocol import (
     pack,
     unpack,
 )
+from tests.nats_fixture import running_nats
 
 T = TypeVar("T")
 DIMS = 4
@@ -262,6 +264,18 @@ def gateway_stack(nats_url: str, tmp: Path, settings: GatewaySettings) -> Iterat
     finally:
         loop.close()
         registry.close()
+
+
+@contextlib.contextmanager
+def nats_and_gateway(
+    tmp_path_factory: pytest.TempPathFactory, settings: GatewaySettings
+) -> Iterator[Stack]:
+    """A module's whole stack: a nats-server of its own and a ready gateway on it."""
+    with (
+        running_nats(tmp_path_factory.mktemp("nats")) as server,
+        gateway_stack(server.url, tmp_path_factory.mktemp("gateway"), settings) as stack,
+    ):
+        yield stack
 
 
 def wait_ready(url: str, timeout_s: float = 20) -> None:

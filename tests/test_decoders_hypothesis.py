@@ -32,13 +32,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving import protocol as p
-from serving.embedded_nats import EmbeddedNats
 from serving.fleet import decode_heartbeat
 from serving.gateway import GatewaySettings
 from serving.gateway.bodies import Format, parse_openai_request, parse_task_request
 from serving.gateway.errors import BadRequest
-from tests.gateway_fixture import Responder, Stack, expected_embedding, gateway_stack
-from tests.nats_fixture import running_nats
+from tests.gateway_fixture import Responder, Stack, expected_embedding, nats_and_gateway
 
 EXAMPLES: Counter[str] = Counter()
 
@@ -205,15 +203,9 @@ def test_socket_frames_read_or_raise_frame_errors(noise: bytes, bodies: list[byt
 
 
 @pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    with running_nats(tmp_path_factory.mktemp("nats")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def live(nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = GatewaySettings(require_auth=False, default_timeout_s=10, workers_refresh_s=0.5)
-    with gateway_stack(nats_server.url, tmp_path_factory.mktemp("gw"), settings) as built:
+    with nats_and_gateway(tmp_path_factory, settings) as built:
         yield built
 
 

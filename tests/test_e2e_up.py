@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -65,22 +66,34 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: Path) -> None:
-    home = tmp_path / "home"
-    task = unique_task("up")
+def _seed(home: Path, task: str, model: Path, *, promote: bool = False) -> None:
+    """A registry under ``home`` with ``task`` and a candidate on the model ``tiny``."""
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     reg.add_task(task, suite="s")
-    reg.add_model("tiny", path=tiny_model_path)
-    reg.add_candidate(task, base="tiny")
+    reg.add_model("tiny", path=model)
+    candidate = reg.add_candidate(task, base="tiny").name
+    if promote:
+        reg.promote(task, candidate, override=True, reason="test: no eval run", pinned=True)
     reg.close()
 
+
+def _launch_up(home: Path, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`taskfleet up --workers 1 --no-auth` on free ports; returns it and its two ports."""
     port, control_port = free_port(), free_port()
-    log = (tmp_path / "up.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "1",
          "--no-auth", "--port", str(port), "--control-port", str(control_port)],
         cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    return proc, port, control_port
+
+
+def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: Path) -> None:
+    home = tmp_path / "home"
+    task = unique_task("up")
+    _seed(home, task, tiny_model_path)
+    log = (tmp_path / "up.log").open("wb")
+    proc, port, control_port = _launch_up(home, log)
     try:
         gateway = f"http://127.0.0.1:{port}"
         wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)
@@ -142,20 +155,9 @@ def test_up_restarts_nats_server_after_it_dies(tmp_path: Path, tiny_model_path: 
     without anyone doing anything."""
     home = tmp_path / "home"
     task = unique_task("upnats")
-    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
-    reg.add_task(task, suite="s")
-    reg.add_model("tiny", path=tiny_model_path)
-    candidate = reg.add_candidate(task, base="tiny").name
-    reg.promote(task, candidate, override=True, reason="test: no eval run", pinned=True)
-    reg.close()
-
-    port, control_port = free_port(), free_port()
-    log = (tmp_path / "up.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "1",
-         "--no-auth", "--port", str(port), "--control-port", str(control_port)],
-        cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    _seed(home, task, tiny_model_path, promote=True)
+    log = (tmp_path / "up.log").open("wb")
+    proc, port, _ = _launch_up(home, log)
     try:
         gateway = f"http://127.0.0.1:{port}"
         wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)

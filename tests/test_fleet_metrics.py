@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from serving.client import Client
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
+from tests.faults.scenarios import serve
+from tests.fleet_fixture import LocalFleet, wait_until
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "taskfleet.json"
 SUFFIXES = ("_bucket", "_sum", "_count", "_created")
@@ -20,18 +20,13 @@ SUFFIXES = ("_bucket", "_sum", "_count", "_created")
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    stack = LocalFleet(tmp_path_factory.mktemp("metrics"), workers=1).start()
-    try:
+    with LocalFleet(tmp_path_factory.mktemp("metrics"), workers=1) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")
 def served(fleet: LocalFleet, tiny_model_path: Path) -> str:
-    task = unique_task("metrics")
-    placement = register_served_task(fleet.reg, task, tiny_model_path, pinned=True)
-    fleet.serving(task, placement.epoch)
+    task = serve(fleet, tiny_model_path, prefix="metrics")
     with Client(fleet.gateway_url) as client:
         for i in range(5):
             client.embed(task, [f"satz {i}", "noch einer"])

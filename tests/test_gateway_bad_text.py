@@ -10,24 +10,16 @@ import httpx
 import msgpack
 import pytest
 
-from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
-from tests.gateway_fixture import Stack, gateway_stack, stream_messages
-from tests.nats_fixture import running_nats
+from tests.gateway_fixture import Stack, nats_and_gateway, stream_messages
 
 JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    with running_nats(tmp_path_factory.mktemp("nats")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def stack(nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = GatewaySettings(require_auth=False, default_timeout_s=5, workers_refresh_s=0)
-    with gateway_stack(nats_server.url, tmp_path_factory.mktemp("gw"), settings) as built:
+    with nats_and_gateway(tmp_path_factory, settings) as built:
         yield built
 
 

@@ -13,11 +13,9 @@ import msgpack
 import pytest
 
 from serving.client import Client
-from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from serving.gateway.quotas import Quotas
-from tests.gateway_fixture import Stack, gateway_stack
-from tests.nats_fixture import running_nats
+from tests.gateway_fixture import Stack, nats_and_gateway
 
 MSGPACK = {"Content-Type": "application/msgpack"}
 
@@ -50,15 +48,9 @@ def test_token_bucket_allows_the_burst_then_the_rate() -> None:
 
 
 @pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    with running_nats(tmp_path_factory.mktemp("nats")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def stack(nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = GatewaySettings(require_auth=True, workers_refresh_s=0, retry_after_s=1)
-    with gateway_stack(nats_server.url, tmp_path_factory.mktemp("gw"), settings) as built:
+    with nats_and_gateway(tmp_path_factory, settings) as built:
         yield built
 
 

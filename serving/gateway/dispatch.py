@@ -158,12 +158,14 @@ class Dispatcher:
 
     def _require_connection(self) -> tuple[JetStreamContext, nats_layout.Layout]:
         if not self.connected or self._js is None or self._layout is None:
-            raise Unavailable(
-                "the gateway is not connected to NATS right now",
-                code="QUEUE_UNAVAILABLE",
-                retry_after_s=self.settings.retry_after_s,
-            )
+            raise self._queue_unavailable("the gateway is not connected to NATS right now")
         return self._js, self._layout
+
+    def _queue_unavailable(self, message: str) -> Unavailable:
+        """NATS did not do what was asked (down, restarting, refusing): retry later."""
+        return Unavailable(
+            message, code="QUEUE_UNAVAILABLE", retry_after_s=self.settings.retry_after_s
+        )
 
     # ------------------------------------------------------------------ workers
 
@@ -192,11 +194,7 @@ class Dispatcher:
 
     async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
         _, layout = self._require_connection()
-        unavailable = Unavailable(
-            "could not read worker heartbeats from NATS",
-            code="QUEUE_UNAVAILABLE",
-            retry_after_s=self.settings.retry_after_s,
-        )
+        unavailable = self._queue_unavailable("could not read worker heartbeats from NATS")
         try:  # NATS may be restarting: every failure here is a retryable 503
             watcher = await layout.workers.watchall(ignore_deletes=True)
         except (TimeoutError, nats.errors.Error) as exc:
@@ -299,11 +297,7 @@ class Dispatcher:
                     inputs = PayloadRef(ref=request_id)
                 await self._ensure_consumer(js, task)
             except (nats.errors.Error, TimeoutError) as exc:
-                raise Unavailable(
-                    f"NATS did not take the request: {exc}",
-                    code="QUEUE_UNAVAILABLE",
-                    retry_after_s=self.settings.retry_after_s,
-                ) from exc
+                raise self._queue_unavailable(f"NATS did not take the request: {exc}") from exc
             payload = pack(QueuePayload(task=task, kind=request.kind, inputs=inputs))
             await self._publish(js, nats_layout.task_subject(task), payload, headers, deadline)
             try:
@@ -344,10 +338,8 @@ class Dispatcher:
         try:
             data = (await layout.payloads.get(key)).data or b""
         except (nats.errors.Error, TimeoutError) as exc:
-            raise Unavailable(
-                f"the reply's embeddings could not be read from the object store: {exc}",
-                code="QUEUE_UNAVAILABLE",
-                retry_after_s=self.settings.retry_after_s,
+            raise self._queue_unavailable(
+                f"the reply's embeddings could not be read from the object store: {exc}"
             ) from exc
         finally:
             await self._delete_payload(layout, key)
@@ -403,17 +395,9 @@ class Dispatcher:
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
                 log.warning("publish to %s not acknowledged (%s); retrying", subject, exc)
             except nats.errors.ConnectionClosedError as exc:
-                raise Unavailable(
-                    "the gateway's NATS connection is closed",
-                    code="QUEUE_UNAVAILABLE",
-                    retry_after_s=self.settings.retry_after_s,
-                ) from exc
+                raise self._queue_unavailable("the gateway's NATS connection is closed") from exc
             except nats.errors.Error as exc:  # the stream refused it (full, misconfigured)
-                raise Unavailable(
-                    f"JetStream did not take the request: {exc}",
-                    code="QUEUE_UNAVAILABLE",
-                    retry_after_s=self.settings.retry_after_s,
-                ) from exc
+                raise self._queue_unavailable(f"JetStream did not take the request: {exc}") from exc
             await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     async def _delete_payload(self, layout: nats_layout.Layout, key: str) -> None:

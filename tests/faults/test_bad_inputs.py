@@ -8,20 +8,16 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from tests.faults.bad_inputs import catalogue, send_all, total
-from tests.gateway_fixture import Stack, gateway_stack
-from tests.nats_fixture import running_nats
+from tests.gateway_fixture import Stack, nats_and_gateway
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_nats(tmp_path_factory.mktemp("nats")) as server:
-        assert isinstance(server, EmbeddedNats)
-        settings = GatewaySettings(require_auth=False, default_timeout_s=10, workers_refresh_s=0)
-        with gateway_stack(server.url, tmp_path_factory.mktemp("gw"), settings) as built:
-            yield built
+    settings = GatewaySettings(require_auth=False, default_timeout_s=10, workers_refresh_s=0)
+    with nats_and_gateway(tmp_path_factory, settings) as built:
+        yield built
 
 
 def test_every_bad_input_is_answered_as_documented(stack: Stack) -> None:

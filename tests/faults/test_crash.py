@@ -15,8 +15,8 @@ import pytest
 from tests.faults.counting import Call, CountingClient, Tally
 from tests.faults.injectors import kill_sidecar, wait_holding
 from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
+from tests.faults.scenarios import serve
+from tests.fleet_fixture import LocalFleet, wait_until
 
 # The shipped ack_wait and deadline: only the heartbeat and batching are quicker than default.
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
@@ -25,21 +25,8 @@ TEXTS = [f"frage {i} zur kündigung der wohnung nach {i % 7} jahren" for i in ra
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
-    stack = LocalFleet(tmp_path, workers=2, sidecar_args=SIDECAR_ARGS).start()
-    try:
+    with LocalFleet(tmp_path, workers=2, sidecar_args=SIDECAR_ARGS) as stack:
         yield stack
-    finally:
-        stack.stop()
-
-
-def _served(fleet: LocalFleet, model: Path) -> str:
-    task = unique_task("crash")
-    placement = register_served_task(fleet.reg, task, model, pinned=True)
-    try:
-        fleet.serving(task, placement.epoch, workers=2)
-    except AssertionError:
-        pytest.fail(f"both workers should serve the task:\n{fleet.logs()}")
-    return task
 
 
 def _stream_with_kill(
@@ -71,7 +58,7 @@ def test_crash_redelivers_within_the_default_deadline(
 ) -> None:
     reference = Reference(tiny_model_path)
     reference.prepare(TEXTS)
-    task = _served(fleet, tiny_model_path)
+    task = serve(fleet, tiny_model_path, prefix="crash")
     tally = _stream_with_kill(fleet, task, reference, timeout_ms=None, restart=False)
     assert not fleet.sidecars[0].running()
     assert tally.answered == len(TEXTS), (tally.summary(), tally.problems(), fleet.logs())
@@ -85,7 +72,7 @@ def test_deadline_missed_because_of_a_crash_is_retryable(
 ) -> None:
     reference = Reference(tiny_model_path)
     reference.prepare(TEXTS)
-    task = _served(fleet, tiny_model_path)
+    task = serve(fleet, tiny_model_path, prefix="crash")
     # A deadline shorter than ack_wait: what the victim held cannot be redelivered in time.
     tally = _stream_with_kill(fleet, task, reference, timeout_ms=5_000, restart=True)
     summary = tally.summary()

@@ -30,11 +30,8 @@ SIDECAR_ARGS = [
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    stack = LocalFleet(tmp_path_factory.mktemp("deadlines"), sidecar_args=SIDECAR_ARGS).start()
-    try:
+    with LocalFleet(tmp_path_factory.mktemp("deadlines"), sidecar_args=SIDECAR_ARGS) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 async def _publish_and_collect(

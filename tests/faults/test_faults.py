@@ -31,13 +31,8 @@ def assert_kept_the_promise(run: sc.FaultRun, expected_answers: int | None = Non
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    stack = LocalFleet(
-        tmp_path_factory.mktemp("faults"), workers=2, sidecar_args=SIDECAR_ARGS
-    ).start()
-    try:
-        yield stack
-    finally:
-        stack.stop()
+    with LocalFleet(tmp_path_factory.mktemp("faults"), workers=2, sidecar_args=SIDECAR_ARGS) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +106,9 @@ def test_memory_budget_full_evicts_and_loses_nothing(
     tmp_path: Path, tiny_model_path: Path, other_model_path: Path
 ) -> None:
     # Room for one tiny model, not two: every switch between the tasks evicts and loads.
-    fleet = LocalFleet(
+    with LocalFleet(
         tmp_path, workers=1, memory_budget_bytes=200_000, sidecar_args=SIDECAR_ARGS
-    ).start()
-    try:
+    ) as fleet:
         load = sc.Load(calls=48, concurrency=4)
         tasks: dict[str, Reference] = {}
         keys: dict[str, str] = {}
@@ -135,5 +129,3 @@ def test_memory_budget_full_evicts_and_loses_nothing(
         run = sc.memory_pressure(fleet, tasks, keys, load)
         assert_kept_the_promise(run, load.calls)
         assert run.notes["evictions"] >= 2, run.row()
-    finally:
-        fleet.stop()

@@ -20,8 +20,8 @@ from nats.js.api import DiscardPolicy
 from serving import nats_layout
 from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol
 from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet, register_served_task
-from tests.nats_fixture import unique_task
+from tests.faults.scenarios import serve
+from tests.fleet_fixture import LocalFleet
 
 LIMIT = 2048
 # Generous: on a shared 2-core machine one 2048-text batch can take tens of seconds.
@@ -30,21 +30,8 @@ DEADLINE_MS = 180_000
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    stack = LocalFleet(tmp_path_factory.mktemp("limits"), workers=1).start()
-    try:
+    with LocalFleet(tmp_path_factory.mktemp("limits"), workers=1) as stack:
         yield stack
-    finally:
-        stack.stop()
-
-
-def _serve(fleet: LocalFleet, model: Path) -> str:
-    task = unique_task("limit")
-    placement = register_served_task(fleet.reg, task, model, pinned=True)
-    try:
-        fleet.serving(task, placement.epoch)
-    except AssertionError:
-        pytest.fail(f"no worker serves the task:\n{fleet.logs()}")
-    return task
 
 
 def limit_texts(n: int = LIMIT) -> list[str]:
@@ -58,7 +45,7 @@ def test_2048_inputs_of_384_dims_are_answered(
     reference = Reference(wide_model_path)
     texts = limit_texts()
     reference.prepare(texts)
-    task = _serve(fleet, wide_model_path)
+    task = serve(fleet, wide_model_path)
 
     async def run() -> None:
         async with CountingClient(fleet.gateway_url, task, reference, retry_budget_s=240) as client:
@@ -73,7 +60,7 @@ def test_2048_inputs_of_1024_dims_are_answered(fleet: LocalFleet, wider_model_pa
     reference = Reference(wider_model_path)
     texts = limit_texts()
     reference.prepare(texts, "passage")
-    task = _serve(fleet, wider_model_path)
+    task = serve(fleet, wider_model_path)
 
     async def run() -> None:
         async with CountingClient(fleet.gateway_url, task, reference, retry_budget_s=240) as client:
@@ -117,7 +104,7 @@ def test_a_reply_that_cannot_be_sent_is_an_error_and_a_dead_letter(
 ) -> None:
     """Above max_payload with the object store refusing the embeddings: the caller hears
     REPLY_UNDELIVERABLE at once (no deadline wait) and the request is in the DLQ for replay."""
-    task = _serve(fleet, wide_model_path)
+    task = serve(fleet, wide_model_path)
     assert fleet.nats is not None
     asyncio.run(_limit_payloads(fleet.nats.url, 256 * 1024))
     try:
