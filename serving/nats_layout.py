@@ -73,6 +73,29 @@ class Layout:
     payloads: ObjectStore
 
 
+async def kv_values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    """Every live key of a KV bucket with its current value, read from the bucket's stream.
+
+    nats-py's ``watchall`` marks "no more current values" when the consumer has nothing pending
+    on the server, which can happen before its callback has queued the values the server already
+    pushed: a snapshot read with it can come back short (a live worker looked absent). The
+    stream's subject list and one last-message read per subject has no such race.
+    """
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(stream, subjects_filter=f"{prefix}>")
+    values: dict[str, bytes] = {}
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            message = await js.get_last_msg(stream, subject)
+        except NotFoundError:  # expired (TTL) or purged between the two reads
+            continue
+        if (message.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            continue
+        values[subject[len(prefix) :]] = message.data or b""
+    return values
+
+
 def check_task_name(task: str) -> str:
     if not _TASK_NAME_RE.fullmatch(task):
         raise InvalidTaskName(

@@ -115,3 +115,28 @@ def test_a_store_dir_it_made_itself_is_removed() -> None:
         store = server.store_dir
         assert store.exists()
     assert not store.exists()
+
+
+async def _snapshots(url: str, rounds: int) -> list[set[str]]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        found = await layout.ensure_layout(js)
+        await found.workers.put("gone", b"x")
+        await found.workers.delete("gone")
+        seen = []
+        for n in range(rounds):
+            await found.workers.put(f"w{n}", b"beat")
+            seen.append(set(await layout.kv_values(js, layout.WORKERS_BUCKET)))
+        return seen
+    finally:
+        await nc.close()
+
+
+def test_a_kv_snapshot_holds_every_key_put_before_it(tmp_path: Path) -> None:
+    """The gateway reads live workers this way; the first try (nats-py's watchall) sometimes
+    ended before delivering values, and a worker that had just started looked absent."""
+    with EmbeddedNats(tmp_path / "store") as server:
+        seen = asyncio.run(_snapshots(server.url, 60))
+    for n, keys in enumerate(seen):
+        assert keys == {f"w{k}" for k in range(n + 1)}

@@ -193,29 +193,17 @@ class Dispatcher:
         return self._heartbeats
 
     async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
-        _, layout = self._require_connection()
-        unavailable = self._queue_unavailable("could not read worker heartbeats from NATS")
+        js, _ = self._require_connection()
         try:  # NATS may be restarting: every failure here is a retryable 503
-            watcher = await layout.workers.watchall(ignore_deletes=True)
+            values = await nats_layout.kv_values(js, nats_layout.WORKERS_BUCKET)
         except (TimeoutError, nats.errors.Error) as exc:
-            raise unavailable from exc
+            raise self._queue_unavailable("could not read worker heartbeats from NATS") from exc
         beats: list[WorkerHeartbeat] = []
-        try:
-            while True:
-                entry = await watcher.updates(timeout=2.0)
-                if entry is None:  # the end of the current values
-                    break
-                if entry.value is None:
-                    continue
-                try:
-                    beats.append(from_wire(WorkerHeartbeat, unpack(entry.value)))
-                except ProtocolError as exc:
-                    log.warning("ignoring malformed heartbeat under %r: %s", entry.key, exc)
-        except (TimeoutError, nats.errors.Error) as exc:
-            raise unavailable from exc
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+        for key, value in values.items():
+            try:
+                beats.append(from_wire(WorkerHeartbeat, unpack(value)))
+            except ProtocolError as exc:
+                log.warning("ignoring malformed heartbeat under %r: %s", key, exc)
         return beats
 
     async def _incarnations(self, task: str) -> Incarnations:

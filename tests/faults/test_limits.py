@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import msgpack
 import nats
+import numpy as np
 import pytest
 from nats.js.api import DiscardPolicy
 
@@ -53,6 +54,24 @@ def test_2048_inputs_of_384_dims_are_answered(
         assert record.outcome == "answered", (record, fleet.logs())
 
     asyncio.run(run())
+
+
+def test_the_openai_package_gets_2048_vectors_in_one_call(
+    fleet: LocalFleet, wide_model_path: Path
+) -> None:
+    """What the issue saw fail: the stock client (no retries) sends more than 682 texts."""
+    import openai
+
+    reference = Reference(wide_model_path)
+    texts = limit_texts()
+    reference.prepare(texts)
+    task = serve(fleet, wide_model_path)
+    client = openai.OpenAI(
+        base_url=f"{fleet.gateway_url}/v1", api_key="unused", max_retries=0, timeout=240
+    )
+    response = client.embeddings.create(model=task, input=texts)
+    got = np.asarray([d.embedding for d in sorted(response.data, key=lambda d: d.index)])
+    assert reference.matches(texts, got.astype(np.float32))
 
 
 def test_2048_inputs_of_1024_dims_are_answered(fleet: LocalFleet, wider_model_path: Path) -> None:
