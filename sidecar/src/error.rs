@@ -36,6 +36,9 @@ pub enum Error {
     ReplyUndeliverable(String),
     #[error("configuration: {0}")]
     Config(String),
+    #[cfg(feature = "candle")]
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
 }
 
 impl Error {

@@ -13,12 +13,17 @@ use tokio_util::sync::CancellationToken;
 use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
 use taskfleet_sidecar::metrics::{metrics, server as metrics_server};
 use taskfleet_sidecar::residency::Residency;
+use taskfleet_sidecar::runtime::http::{HttpConfig, HttpRuntime};
 use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
+use taskfleet_sidecar::runtime::{serve, Backend};
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
 use taskfleet_sidecar::{nats, placement, Error, Result};
 
 /// The taskfleet worker agent: pulls task requests from NATS JetStream, batches them by
-/// tokens, runs them on a local model runtime over a Unix socket and publishes the results.
+/// tokens, runs them on its model runtime and publishes the results. The runtime is one of:
+/// `torch` (a Python process over a Unix socket), `candle` (inside this binary, when built with
+/// the `candle` feature) or `http` (an OpenAI-compatible embeddings engine). A worker serves
+/// only the placements that name its runtime.
 ///
 /// Every flag can also be set by the environment variable named after it.
 #[derive(Debug, Parser)]
@@ -37,7 +42,57 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_WORKER_ID")]
     worker_id: Option<String>,
 
-    /// Command that starts the runtime; `{socket}` is replaced by the socket path (also given
+    /// The runtime this worker serves with: torch, candle or http.
+    #[arg(long, env = "TASKFLEET_RUNTIME", default_value = "torch")]
+    runtime: String,
+
+    /// Serve the runtime over the socket protocol at this path instead of joining the fleet
+    /// (no NATS): how `taskfleet eval --runtime candle|http` scores through these runtimes.
+    #[arg(long, env = "TASKFLEET_SERVE_SOCKET")]
+    serve_socket: Option<PathBuf>,
+
+    /// Token budget of one Candle forward pass (padded tokens).
+    #[arg(
+        long,
+        env = "TASKFLEET_CANDLE_MAX_BATCH_TOKENS",
+        default_value_t = 4096
+    )]
+    candle_max_batch_tokens: usize,
+
+    /// http runtime: base URL of the engine's OpenAI-compatible API; requests go to
+    /// `{url}/embeddings` (infinity: http://host:7997; vLLM/TEI/SGLang: http://host:port/v1).
+    #[arg(long, env = "TASKFLEET_HTTP_BASE_URL")]
+    http_base_url: Option<String>,
+
+    /// http runtime: the engine's model id (default: the only model it lists).
+    #[arg(long, env = "TASKFLEET_HTTP_MODEL")]
+    http_model: Option<String>,
+
+    /// http runtime: bearer token for the engine.
+    #[arg(long, env = "TASKFLEET_HTTP_API_KEY", hide_env_values = true)]
+    http_api_key: Option<String>,
+
+    /// http runtime: requests in flight to the engine at once.
+    #[arg(long, env = "TASKFLEET_HTTP_MAX_CONCURRENCY", default_value_t = 4)]
+    http_max_concurrency: usize,
+
+    /// http runtime: inputs per request to the engine.
+    #[arg(long, env = "TASKFLEET_HTTP_MAX_BATCH", default_value_t = 64)]
+    http_max_batch: usize,
+
+    /// http runtime: connect timeout.
+    #[arg(
+        long,
+        env = "TASKFLEET_HTTP_CONNECT_TIMEOUT_MS",
+        default_value_t = 2000
+    )]
+    http_connect_timeout_ms: u64,
+
+    /// http runtime: whole-request timeout; a request past it is retried later.
+    #[arg(long, env = "TASKFLEET_HTTP_TIMEOUT_MS", default_value_t = 60_000)]
+    http_timeout_ms: u64,
+
+    /// torch runtime: command that starts the runtime; `{socket}` is replaced by the socket path (also given
     /// as TASKFLEET_RUNTIME_SOCKET). The sidecar restarts it when it dies and asks it to shut
     /// down on exit. Example: ".venv/bin/python -m serving.runtime.server --socket {socket}".
     #[arg(long, env = "TASKFLEET_RUNTIME_CMD")]
@@ -129,6 +184,16 @@ fn main() -> ExitCode {
 }
 
 fn runtime_mode(cli: &Cli, worker_id: &str) -> Result<RuntimeMode> {
+    match cli.runtime.as_str() {
+        "torch" => {}
+        "candle" | "http" => return Ok(RuntimeMode::InProcess(in_process_backend(cli)?)),
+        other => {
+            return Err(Error::Config(format!(
+                "unknown runtime {other:?}; known: {}",
+                taskfleet_sidecar::runtime::KINDS.join(", ")
+            )))
+        }
+    }
     match (&cli.runtime_cmd, &cli.runtime_socket) {
         (Some(command), socket) => Ok(RuntimeMode::Spawn {
             command: command.clone(),
@@ -143,6 +208,64 @@ fn runtime_mode(cli: &Cli, worker_id: &str) -> Result<RuntimeMode> {
             "give --runtime-cmd (start a runtime) or --runtime-socket (attach to one)".into(),
         )),
     }
+}
+
+/// The Candle or HTTP backend the flags describe.
+fn in_process_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
+    if cli.runtime == "http" {
+        let base_url = cli
+            .http_base_url
+            .clone()
+            .ok_or_else(|| Error::Config("the http runtime needs --http-base-url".into()))?;
+        return Ok(Arc::new(HttpRuntime::new(HttpConfig {
+            base_url,
+            model: cli.http_model.clone(),
+            api_key: cli.http_api_key.clone(),
+            max_concurrency: cli.http_max_concurrency,
+            max_batch: cli.http_max_batch,
+            connect_timeout: Duration::from_millis(cli.http_connect_timeout_ms),
+            request_timeout: Duration::from_millis(cli.http_timeout_ms),
+        })?));
+    }
+    candle_backend(cli)
+}
+
+#[cfg(feature = "candle")]
+fn candle_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
+    let runtime =
+        taskfleet_sidecar::runtime::candle::CandleRuntime::new(cli.candle_max_batch_tokens)?;
+    Ok(Arc::new(runtime))
+}
+
+#[cfg(not(feature = "candle"))]
+fn candle_backend(_cli: &Cli) -> Result<Arc<dyn Backend>> {
+    Err(Error::Config(
+        "this sidecar was built without the candle runtime; build it with \
+         `cargo build --release --features candle` (what `make sidecar` does)"
+            .into(),
+    ))
+}
+
+/// `--serve-socket`: the runtime alone, over the socket protocol, until SIGTERM or `shutdown`.
+async fn serve_runtime(cli: &Cli, socket: &std::path::Path) -> Result<()> {
+    let backend = match cli.runtime.as_str() {
+        "candle" | "http" => in_process_backend(cli)?,
+        other => {
+            return Err(Error::Config(format!(
+                "--serve-socket serves the candle or http runtime, not {other:?} (the torch \
+                 runtime serves its own socket: python -m serving.runtime.server)"
+            )))
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let signalled = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(signalled.clone()));
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        signalled.cancelled().await;
+        stop.cancel();
+    });
+    serve::serve(backend, socket, shutdown).await
 }
 
 fn validate(cli: &Cli) -> Result<()> {
@@ -166,6 +289,9 @@ fn validate(cli: &Cli) -> Result<()> {
 
 async fn run(cli: Cli) -> Result<()> {
     validate(&cli)?;
+    if let Some(socket) = &cli.serve_socket {
+        return serve_runtime(&cli, socket).await;
+    }
     let host = host_name();
     let worker_id = cli
         .worker_id
@@ -190,7 +316,7 @@ async fn run(cli: Cli) -> Result<()> {
         let (beats, runtime) = (beats.clone(), runtime.clone());
         let render: metrics_server::Render = Arc::new(move || {
             let snapshot = beats.get().map(|b| b.snapshot());
-            metrics().render(snapshot.as_ref(), runtime.client().is_ok())
+            metrics().render(snapshot.as_ref(), runtime.backend().is_ok())
         });
         let (bound, serving) = metrics_server::bind(addr, render, shutdown.child_token()).await?;
         tracing::info!(addr = %bound, "serving metrics on /metrics");
@@ -232,6 +358,7 @@ async fn run(cli: Cli) -> Result<()> {
         runtime.clone(),
         WorkerConfig {
             worker_id: worker_id.clone(),
+            runtime: cli.runtime.clone(),
             max_batch_tokens: cli.max_batch_tokens,
             max_batch_wait: Duration::from_millis(cli.max_batch_wait_ms),
             max_inflight_batches: cli.max_inflight_batches,

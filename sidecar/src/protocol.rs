@@ -313,6 +313,14 @@ pub struct Placement {
     pub replicas: u32,
     /// Estimated memory of the model, used to make room before loading it.
     pub memory_bytes: u64,
+    /// The runtime kind that serves it ("torch", "candle", "http"); values written before
+    /// runtimes existed lack it and mean "torch".
+    #[serde(default = "torch")]
+    pub runtime: String,
+}
+
+fn torch() -> String {
+    "torch".into()
 }
 
 impl Placement {

@@ -170,6 +170,7 @@ fn absent_optionals_are_nil_not_omitted() {
         pinned: false,
         replicas: 1,
         memory_bytes: 0,
+        runtime: "torch".into(),
     }
     .load_request();
     load.id = 7;

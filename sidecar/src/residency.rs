@@ -259,7 +259,7 @@ impl Residency {
             } else {
                 tracing::info!(model_key = %key, estimate, pinned, "loading model");
                 let started = Instant::now();
-                let loaded = connected.client.load(request).await;
+                let loaded = connected.backend.load(request).await;
                 metrics()
                     .runtime_seconds
                     .observe(&["load"], started.elapsed().as_secs_f64());
@@ -281,7 +281,7 @@ impl Residency {
         }
     }
 
-    fn finish_load(&self, key: &str, result: Result<crate::protocol::LoadReply>) {
+    fn finish_load(&self, key: &str, result: Result<u64>) {
         let mut state = self.lock();
         let Some(model) = state.models.get_mut(key) else {
             return;
@@ -291,12 +291,12 @@ impl Residency {
             .loads
             .inc(&[if result.is_ok() { "ok" } else { "failed" }]);
         match result {
-            Ok(reply) => {
-                tracing::info!(model_key = %key, memory_bytes = reply.memory_bytes, "model loaded");
+            Ok(memory_bytes) => {
+                tracing::info!(model_key = %key, memory_bytes, "model loaded");
                 model.status = Status::Loaded;
-                model.bytes = reply.memory_bytes;
+                model.bytes = memory_bytes;
                 model.last_used = Instant::now();
-                state.used += reply.memory_bytes;
+                state.used += memory_bytes;
             }
             Err(e) => {
                 tracing::error!(model_key = %key, error = %e, "model load failed");
@@ -381,11 +381,11 @@ impl Residency {
                 .is_some_and(|m| matches!(m.status, Status::Loaded))
         };
         if loaded {
-            let client = match self.runtime.client() {
-                Ok(client) => client,
+            let backend = match self.runtime.backend() {
+                Ok(backend) => backend,
                 Err(_) => return false,
             };
-            if let Err(e) = client.unload(key).await {
+            if let Err(e) = backend.unload(key).await {
                 tracing::warn!(model_key = %key, error = %e, "unload failed");
                 return false;
             }
@@ -404,10 +404,10 @@ impl Residency {
 
     /// Replaces our byte counts with the runtime's own (shared bases make sums inexact).
     async fn refresh_memory(&self) {
-        let Ok(client) = self.runtime.client() else {
+        let Ok(backend) = self.runtime.backend() else {
             return;
         };
-        let Ok(stats) = client.stats().await else {
+        let Ok(stats) = backend.stats().await else {
             return;
         };
         let mut state = self.lock();

@@ -1,244 +1,130 @@
-//! Client for a model runtime's Unix socket: frames are a 4-byte big-endian length followed by
-//! one msgpack map. Requests carry ids; replies may come in any order and are matched to their
-//! request by id. The supervisor (`runtime::supervisor`) owns the runtime process.
+//! The runtime boundary: one small trait, [`Backend`], that every model runtime implements,
+//! the way text-embeddings-inference keeps its backends behind one trait. The sidecar's
+//! residency, batching and heartbeats only ever talk to a `dyn Backend`:
+//!
+//! - [`socket`]: a runtime in another process over a Unix socket (the PyTorch runtime);
+//! - [`candle`] (cargo feature `candle`): BERT-family sentence embedders inside the sidecar;
+//! - [`http`]: an existing engine (infinity, TEI, vLLM, SGLang) over its OpenAI-compatible
+//!   `/v1/embeddings` API.
+//!
+//! [`supervisor`] keeps one backend available; [`serve`] exposes any backend over the socket
+//! protocol (what `taskfleet eval --runtime` and the tests use to reach Candle and HTTP).
+//! Failures are `Error::Runtime` with the protocol's codes (`LOAD_FAILED`, `INFER_FAILED`, ...)
+//! or `Error::RuntimeUnavailable`, whichever backend they come from.
 
+#[cfg(feature = "candle")]
+pub mod candle;
+pub mod http;
+pub mod serve;
+pub mod socket;
 pub mod supervisor;
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use serde::de::DeserializeOwned;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::UnixStream;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::protocol::{
-    self, BareRequest, ErrorReply, HelloReply, HelloRequest, InferItem, InferReply, InferRequest,
-    LoadReply, LoadRequest, ReplyHead, Request, ShutdownReply, StatsReply, UnloadReply,
-    UnloadRequest, PROTOCOL_VERSION,
-};
+use crate::protocol::{Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats};
 
-/// Larger frames mean a broken peer; the Python runtime's own limit is 64 MiB.
-pub const MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
+/// Capability names reported in `hello` and heartbeats (docs/protocol.md).
+pub const CAP_EMBED: &str = "embed";
+pub const CAP_LORA: &str = "lora";
+pub const CAP_MIXED_ADAPTERS: &str = "mixed_adapters";
 
-type Waiters = HashMap<u64, oneshot::Sender<Vec<u8>>>;
+/// The runtime kinds a worker can run; a placement names one of them.
+pub const KINDS: [&str; 3] = ["torch", "candle", "http"];
 
-pub struct RuntimeClient {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
-    waiters: Arc<Mutex<Waiters>>,
-    next_id: AtomicU64,
-    closed: CancellationToken,
+/// What a backend is: reported by `hello`, heartbeats and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    /// The runtime kind a placement names: "torch", "candle" or "http".
+    pub runtime: String,
+    pub version: String,
+    pub capabilities: Vec<String>,
 }
 
-impl RuntimeClient {
-    pub async fn connect(socket: &Path) -> Result<Arc<Self>> {
-        let stream = UnixStream::connect(socket).await?;
-        let (reader, writer) = stream.into_split();
-        let client = Arc::new(Self {
-            writer: tokio::sync::Mutex::new(writer),
-            waiters: Arc::new(Mutex::new(HashMap::new())),
-            // Id 0 is what the runtime uses for replies to frames whose id it could not read.
-            next_id: AtomicU64::new(1),
-            closed: CancellationToken::new(),
-        });
-        tokio::spawn(read_replies(
-            reader,
-            client.waiters.clone(),
-            client.closed.clone(),
-        ));
-        Ok(client)
+impl RuntimeInfo {
+    pub fn can(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
     }
+}
 
-    /// Resolves once the connection is gone (runtime exited or broke the protocol).
-    pub async fn closed(&self) {
-        self.closed.cancelled().await
-    }
+/// Memory and models of a backend, as `stats` reports them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuntimeStats {
+    pub memory_bytes: u64,
+    pub models: Vec<ModelStats>,
+    pub queue_depth: u32,
+}
 
-    pub fn is_closed(&self) -> bool {
-        self.closed.is_cancelled()
-    }
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn info(&self) -> RuntimeInfo;
 
-    pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
+    /// Ok while the backend can serve; the supervisor withdraws it while this fails.
+    async fn health(&self) -> Result<()>;
 
-    /// Sends one request and waits for the reply with its id; `ok: false` becomes
-    /// `Error::Runtime`.
-    pub async fn call<T: DeserializeOwned>(&self, request: Request) -> Result<T> {
-        let id = request.id();
-        let body = protocol::encode(&request)?;
-        let length = u32::try_from(body.len())
-            .ok()
-            .filter(|len| *len <= MAX_FRAME_BYTES)
-            .ok_or_else(|| Error::Protocol(format!("request of {} bytes", body.len())))?;
-        let (tx, rx) = oneshot::channel();
-        if self.is_closed() {
-            return Err(Error::RuntimeUnavailable("runtime socket is closed".into()));
-        }
-        self.waiters.lock().expect("waiters lock").insert(id, tx);
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&length.to_be_bytes());
-        frame.extend_from_slice(&body);
-        let written = self.writer.lock().await.write_all(&frame).await;
-        if let Err(e) = written {
-            self.waiters.lock().expect("waiters lock").remove(&id);
-            return Err(Error::RuntimeUnavailable(format!(
-                "writing {}: {e}",
-                request.op()
-            )));
-        }
-        let reply = rx.await.map_err(|_| {
-            Error::RuntimeUnavailable(format!(
-                "runtime closed before replying to {}",
-                request.op()
-            ))
-        })?;
-        let head: ReplyHead = protocol::decode(&reply)?;
-        if !head.ok {
-            let failed: ErrorReply = protocol::decode(&reply)?;
-            return Err(Error::Runtime(failed.error));
-        }
-        protocol::decode(&reply)
-    }
+    /// Loads `request.model_key`; returns the bytes this load added (0 when already loaded
+    /// with the same spec).
+    async fn load(&self, request: LoadRequest) -> Result<u64>;
 
-    pub async fn hello(&self) -> Result<HelloReply> {
-        let reply: HelloReply = self
-            .call(Request::Hello(HelloRequest {
-                id: self.next_id(),
-                protocol: PROTOCOL_VERSION,
-                client: format!("taskfleet-sidecar {}", env!("CARGO_PKG_VERSION")),
-            }))
-            .await?;
-        if reply.protocol != PROTOCOL_VERSION {
-            return Err(Error::Protocol(format!(
-                "runtime speaks protocol {}, the sidecar speaks {PROTOCOL_VERSION}",
-                reply.protocol
-            )));
-        }
-        Ok(reply)
-    }
+    /// Unloads a model key; returns the bytes freed.
+    async fn unload(&self, model_key: &str) -> Result<u64>;
 
-    pub async fn load(&self, mut request: LoadRequest) -> Result<LoadReply> {
-        request.id = self.next_id();
-        self.call(Request::Load(request)).await
-    }
-
-    pub async fn unload(&self, model_key: &str) -> Result<UnloadReply> {
-        let id = self.next_id();
-        let model_key = model_key.to_string();
-        self.call(Request::Unload(UnloadRequest { id, model_key }))
-            .await
-    }
-
-    /// Runs a batch; a runtime that has not started it by `deadline_ms` drops it unrun.
-    pub async fn infer(
+    /// Embeddings per item, in item order (one result per item). A batch that has not started
+    /// by `deadline_ms` (Unix milliseconds) is dropped unrun with `DEADLINE_EXCEEDED`.
+    async fn infer(
         &self,
         batch_id: String,
         items: Vec<InferItem>,
         deadline_ms: Option<u64>,
-    ) -> Result<InferReply> {
-        let count = items.len();
-        let id = self.next_id();
-        let reply: InferReply = self
-            .call(Request::Infer(InferRequest {
-                id,
-                batch_id,
-                items,
-                deadline_ms,
-            }))
-            .await?;
-        if reply.results.len() != count {
-            return Err(Error::Protocol(format!(
-                "infer of {count} items returned {} results",
-                reply.results.len()
-            )));
-        }
-        Ok(reply)
-    }
+    ) -> Result<Vec<Embeddings>>;
 
-    pub async fn stats(&self) -> Result<StatsReply> {
-        let id = self.next_id();
-        self.call(Request::Stats(BareRequest { id })).await
-    }
+    async fn stats(&self) -> Result<RuntimeStats>;
+}
 
-    pub async fn shutdown(&self) -> Result<ShutdownReply> {
-        let id = self.next_id();
-        self.call(Request::Shutdown(BareRequest { id })).await
+/// A failure a backend answers with, in the protocol's error shape.
+pub fn failure(code: &str, message: impl AsRef<str>, retryable: bool) -> Error {
+    Error::Runtime(ErrorBody::new(code, message.as_ref(), retryable))
+}
+
+/// `DEADLINE_EXCEEDED` once `deadline_ms` has passed: nobody waits for the batch any more, and
+/// computing it would only delay the next (what the Python runtime does too).
+pub fn check_deadline(batch_id: &str, deadline_ms: Option<u64>) -> Result<()> {
+    match deadline_ms {
+        Some(deadline) if crate::worker::now_ms() > deadline => Err(failure(
+            "DEADLINE_EXCEEDED",
+            format!("batch {batch_id} expired before it could run"),
+            false,
+        )),
+        _ => Ok(()),
     }
 }
 
-/// Routes each reply frame to the waiter of its id. When the stream ends or breaks, all
-/// waiters are dropped, which fails their calls with `RuntimeUnavailable`.
-async fn read_replies(
-    mut reader: OwnedReadHalf,
-    waiters: Arc<Mutex<Waiters>>,
-    closed: CancellationToken,
-) {
-    let end = loop {
-        match read_frame(&mut reader).await {
-            Ok(Some(frame)) => match protocol::decode::<ReplyHead>(&frame) {
-                Ok(head) => {
-                    let waiter = waiters.lock().expect("waiters lock").remove(&head.id);
-                    match waiter {
-                        Some(tx) => {
-                            let _ = tx.send(frame);
-                        }
-                        None => tracing::warn!(id = head.id, ok = head.ok, "reply to no request"),
-                    }
-                }
-                Err(e) => break format!("reply without id/ok: {e}"),
-            },
-            Ok(None) => break "runtime closed the socket".to_string(),
-            Err(e) => break e.to_string(),
+/// Packs row-major f32 vectors as the protocol's little-endian bytes.
+pub fn embeddings(dims: usize, rows: &[Vec<f32>]) -> Embeddings {
+    let mut bytes = Vec::with_capacity(rows.len() * dims * 4);
+    for row in rows {
+        for value in row {
+            bytes.extend_from_slice(&value.to_le_bytes());
         }
-    };
-    tracing::warn!(reason = %end, "runtime connection ended");
-    closed.cancel();
-    waiters.lock().expect("waiters lock").clear();
+    }
+    Embeddings {
+        dims: dims as u32,
+        count: rows.len() as u32,
+        embeddings: serde_bytes::ByteBuf::from(bytes),
+    }
 }
 
-/// One frame's body; `None` on a clean end of stream between frames. The body grows as it
-/// arrives, so a header that announces more than the peer sends allocates nothing up front.
-pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Vec<u8>>> {
-    let mut header = [0u8; 4];
-    let mut got = 0;
-    while got < header.len() {
-        match reader.read(&mut header[got..]).await? {
-            0 if got == 0 => return Ok(None),
-            0 => {
-                return Err(Error::Protocol(format!(
-                    "stream ended inside a frame header ({got} bytes)"
-                )))
-            }
-            n => got += n,
-        }
+/// The prefix a load request asks for before texts of `kind`.
+pub fn prefix(request: &LoadRequest, kind: crate::protocol::TextKind) -> &str {
+    match kind {
+        crate::protocol::TextKind::Query => &request.query_prefix,
+        crate::protocol::TextKind::Passage => &request.passage_prefix,
     }
-    let length = u32::from_be_bytes(header);
-    if length > MAX_FRAME_BYTES {
-        return Err(Error::Protocol(format!("frame of {length} bytes")));
-    }
-    let mut body = Vec::with_capacity((length as usize).min(1 << 20));
-    reader
-        .take(u64::from(length))
-        .read_to_end(&mut body)
-        .await?;
-    if body.len() != length as usize {
-        return Err(Error::Protocol(format!(
-            "stream ended after {} of {length} frame bytes",
-            body.len()
-        )));
-    }
-    Ok(Some(body))
 }
 
 #[cfg(test)]
-#[path = "runtime/client_test.rs"]
-mod client_test;
+#[path = "runtime/socket_test.rs"]
+mod socket_test;
 
 #[cfg(test)]
 #[path = "runtime/frame_fuzz_test.rs"]

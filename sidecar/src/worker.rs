@@ -27,6 +27,8 @@ use crate::runtime::supervisor::Runtime;
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub worker_id: String,
+    /// The runtime kind of this worker; it serves only placements that name it.
+    pub runtime: String,
     pub max_batch_tokens: usize,
     pub max_batch_wait: Duration,
     /// Batches in the runtime's queue at once; more waiting messages stay in JetStream.
@@ -92,7 +94,7 @@ impl Workers {
     ) {
         let mut running: HashMap<String, Running> = HashMap::new();
         loop {
-            let desired = placements.borrow_and_update().clone();
+            let desired = self.mine(&placements.borrow_and_update());
             for (task, placement) in desired.iter() {
                 match running.get(task) {
                     Some(r) => {
@@ -136,6 +138,22 @@ impl Workers {
         for (_, r) in running {
             let _ = r.handle.await;
         }
+    }
+
+    /// The placements this worker serves: those that name its runtime. A placement that moves
+    /// to another runtime leaves this worker's loops (and, once idle, its memory).
+    fn mine(&self, placements: &Placements) -> BTreeMap<String, Placement> {
+        placements
+            .iter()
+            .filter(|(task, p)| {
+                let ours = p.runtime == self.config.runtime;
+                if !ours {
+                    tracing::debug!(%task, runtime = %p.runtime, "placed on another runtime");
+                }
+                ours
+            })
+            .map(|(task, p)| (task.clone(), p.clone()))
+            .collect()
     }
 
     /// Waits until the batches already sent to the runtime have finished (at most `timeout`).

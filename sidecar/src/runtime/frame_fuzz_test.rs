@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 
-use super::{read_frame, MAX_FRAME_BYTES};
+use super::socket::{read_frame, MAX_FRAME_BYTES};
 use crate::protocol::{
     self, ErrorReply, HelloReply, InferReply, MemoryReply, ReplyHead, StatsReply,
 };
@@ -24,7 +24,7 @@ fn frames(stream: &[u8]) -> (Vec<Vec<u8>>, bool) {
         let mut reader = stream;
         let mut out = Vec::new();
         loop {
-            match read_frame(&mut reader).await {
+            match read_frame(&mut reader, MAX_FRAME_BYTES).await {
                 Ok(Some(body)) => out.push(body),
                 Ok(None) => return (out, false),
                 Err(_) => return (out, true),

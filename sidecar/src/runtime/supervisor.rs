@@ -1,7 +1,8 @@
-//! Keeps one runtime connected: either spawns the runtime process (and restarts it when it
-//! dies) or attaches to a socket someone else serves (and reconnects when it drops).
-//! Every successful connection gets a new generation number so that the residency manager
-//! knows to load its models again after a restart.
+//! Keeps one runtime available: spawns a socket runtime's process (and restarts it when it
+//! dies), attaches to a socket someone else serves (and reconnects when it drops), or holds an
+//! in-process backend (Candle, HTTP) and withdraws it while its health check fails.
+//! Every time a backend becomes available it gets a new generation number, so that the
+//! residency manager knows to load its models again after a restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,23 +12,47 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::RuntimeClient;
+use super::socket::{RuntimeClient, SocketRuntime};
+use super::{Backend, RuntimeInfo};
 use crate::error::{Error, Result};
-use crate::protocol::HelloReply;
 
-#[derive(Debug, Clone)]
+/// How often an in-process backend's health is checked while it serves.
+const HEALTH_EVERY: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
 pub enum RuntimeMode {
     /// Start `command` (with `{socket}` replaced by the socket path) and keep it running.
     Spawn { command: String, socket: PathBuf },
     /// Connect to a runtime that is started and owned elsewhere.
     Attach { socket: PathBuf },
+    /// A backend inside the sidecar (Candle) or reached by it directly (HTTP).
+    InProcess(Arc<dyn Backend>),
+}
+
+impl std::fmt::Debug for RuntimeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeMode::Spawn { command, socket } => f
+                .debug_struct("Spawn")
+                .field("command", command)
+                .field("socket", socket)
+                .finish(),
+            RuntimeMode::Attach { socket } => {
+                f.debug_struct("Attach").field("socket", socket).finish()
+            }
+            RuntimeMode::InProcess(backend) => f
+                .debug_tuple("InProcess")
+                .field(&backend.info().runtime)
+                .finish(),
+        }
+    }
 }
 
 #[derive(Clone)]
 pub struct Connected {
-    pub client: Arc<RuntimeClient>,
+    pub backend: Arc<dyn Backend>,
     pub generation: u64,
-    pub hello: HelloReply,
+    pub info: RuntimeInfo,
 }
 
 /// The handle the rest of the sidecar uses to reach the current runtime.
@@ -46,30 +71,30 @@ impl Runtime {
         self.current.subscribe()
     }
 
-    /// The connected client, or `RuntimeUnavailable` while the runtime is (re)starting.
-    pub fn client(&self) -> Result<Arc<RuntimeClient>> {
+    /// The available backend, or `RuntimeUnavailable` while the runtime is (re)starting.
+    pub fn backend(&self) -> Result<Arc<dyn Backend>> {
         match &*self.current.borrow() {
-            Some(c) if !c.client.is_closed() => Ok(c.client.clone()),
-            _ => Err(Error::RuntimeUnavailable("runtime is starting".into())),
+            Some(c) => Ok(c.backend.clone()),
+            None => Err(Error::RuntimeUnavailable("runtime is starting".into())),
         }
     }
 
-    /// Waits until a runtime is connected.
+    /// Waits until a backend is available.
     pub async fn connected(&self) -> Connected {
         let mut rx = self.subscribe();
         let connected = rx
-            .wait_for(|c| c.as_ref().is_some_and(|c| !c.client.is_closed()))
+            .wait_for(|c| c.is_some())
             .await
             .expect("the sender lives in self");
         connected.clone().expect("checked by wait_for")
     }
 
-    /// The runtime kinds reported by hello (for heartbeats).
+    /// The runtime kinds available now (for heartbeats).
     pub fn runtimes(&self) -> Vec<String> {
         self.current
             .borrow()
             .as_ref()
-            .map(|c| vec![c.hello.runtime.clone()])
+            .map(|c| vec![c.info.runtime.clone()])
             .unwrap_or_default()
     }
 
@@ -91,6 +116,10 @@ impl Runtime {
                 }
                 RuntimeMode::Attach { socket } => {
                     self.run_attached(socket, start_timeout, &mut generation, &shutdown)
+                        .await
+                }
+                RuntimeMode::InProcess(backend) => {
+                    self.run_in_process(backend, &mut generation, &shutdown)
                         .await
                 }
             };
@@ -133,8 +162,8 @@ impl Runtime {
                 return Ok(());
             }
         };
-        self.publish(connected.0, connected.1, generation);
-        let client = self.client()?;
+        let client = connected.client.clone();
+        self.publish(Arc::new(connected), generation);
         tokio::select! {
             status = child.wait() => {
                 tracing::warn!(status = ?status, "runtime process exited");
@@ -161,8 +190,8 @@ impl Runtime {
             c = connect_when_ready(socket, start_timeout, None) => c?,
             _ = shutdown.cancelled() => return Ok(()),
         };
-        self.publish(connected.0, connected.1, generation);
-        let client = self.client()?;
+        let client = connected.client.clone();
+        self.publish(Arc::new(connected), generation);
         tokio::select! {
             _ = client.closed() => {}
             _ = shutdown.cancelled() => {}
@@ -170,19 +199,38 @@ impl Runtime {
         Ok(())
     }
 
-    fn publish(&self, client: Arc<RuntimeClient>, hello: HelloReply, generation: &mut u64) {
+    /// Serves with an in-process backend while it is healthy; returns when it stops being so.
+    async fn run_in_process(
+        &self,
+        backend: &Arc<dyn Backend>,
+        generation: &mut u64,
+        shutdown: &CancellationToken,
+    ) -> Result<()> {
+        backend.health().await?;
+        self.publish(backend.clone(), generation);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(HEALTH_EVERY) => {}
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+            backend.health().await?;
+        }
+    }
+
+    fn publish(&self, backend: Arc<dyn Backend>, generation: &mut u64) {
         *generation += 1;
+        let info = backend.info();
         tracing::info!(
             generation = *generation,
-            runtime = %hello.runtime,
-            version = %hello.runtime_version,
-            capabilities = ?hello.capabilities,
+            runtime = %info.runtime,
+            version = %info.version,
+            capabilities = ?info.capabilities,
             "runtime ready"
         );
         self.current.send_replace(Some(Connected {
-            client,
+            backend,
             generation: *generation,
-            hello,
+            info,
         }));
     }
 }
@@ -207,7 +255,7 @@ async fn connect_when_ready(
     socket: &std::path::Path,
     timeout: Duration,
     mut child: Option<&mut Child>,
-) -> Result<(Arc<RuntimeClient>, HelloReply)> {
+) -> Result<SocketRuntime> {
     let deadline = Instant::now() + timeout;
     let mut last_error = String::from("socket not there yet");
     while Instant::now() < deadline {
@@ -219,10 +267,7 @@ async fn connect_when_ready(
             }
         }
         match RuntimeClient::connect(socket).await {
-            Ok(client) => {
-                let hello = client.hello().await?;
-                return Ok((client, hello));
-            }
+            Ok(client) => return SocketRuntime::hello(client).await,
             Err(e) => last_error = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -15,9 +15,9 @@ use super::outcome::Settler;
 use super::{now_ms, TaskStatus, Workers};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{InferItem, InferReply, Placement, ReplyMessage};
+use crate::protocol::{Embeddings, InferItem, Placement, ReplyMessage};
 use crate::residency::Readiness;
-use crate::runtime::RuntimeClient;
+use crate::runtime::Backend;
 
 /// How long one idle pull waits for a first message before looking around again.
 const IDLE_POLL: Duration = Duration::from_secs(1);
@@ -350,8 +350,8 @@ async fn run_batch(
         }
         return;
     };
-    let client = match workers.runtime.client() {
-        Ok(client) => client,
+    let backend = match workers.runtime.backend() {
+        Ok(backend) => backend,
         Err(e) => {
             for pending in live {
                 settler.fail(pending.envelope, &e).await;
@@ -362,17 +362,17 @@ async fn run_batch(
     let run = BatchRun {
         workers: &workers,
         settler: &settler,
-        client: &client,
+        backend: &backend,
         placement: &placement,
     };
     let tokens: usize = live.iter().map(|p| p.tokens).sum();
     let count = live.len();
     let started = Instant::now();
     match run.infer(&batch_id, &live).await {
-        Ok(reply) => {
+        Ok(results) => {
             let infer_ms = started.elapsed().as_millis() as u64;
             drop(permit);
-            run.succeed(live, reply).await;
+            run.succeed(live, results).await;
             tracing::info!(
                 task = %settler.task,
                 %batch_id,
@@ -397,7 +397,7 @@ async fn run_batch(
                 let single_id = format!("{batch_id}.{i}");
                 let one = vec![pending];
                 match run.infer(&single_id, &one).await {
-                    Ok(reply) => run.succeed(one, reply).await,
+                    Ok(results) => run.succeed(one, results).await,
                     Err(e) => run.fail(one, &e).await,
                 }
             }
@@ -415,14 +415,15 @@ async fn run_batch(
 struct BatchRun<'a> {
     workers: &'a Arc<Workers>,
     settler: &'a Settler,
-    client: &'a Arc<RuntimeClient>,
+    backend: &'a Arc<dyn Backend>,
     placement: &'a Placement,
 }
 
 impl BatchRun<'_> {
     /// One `infer` of these messages; long batches keep their messages from being
     /// redelivered elsewhere with progress acks.
-    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<InferReply> {
+    /// One result per message, whatever the backend: a short answer must not drop requests.
+    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<Vec<Embeddings>> {
         let task = self.settler.task.as_str();
         let items: Vec<InferItem> = batch
             .iter()
@@ -445,7 +446,7 @@ impl BatchRun<'_> {
             .observe(&[task], batch.len() as f64);
         metrics().batch_tokens.observe(&[task], tokens as f64);
         let started = Instant::now();
-        let infer = self.client.infer(batch_id.to_string(), items, deadline_ms);
+        let infer = self.backend.infer(batch_id.to_string(), items, deadline_ms);
         tokio::pin!(infer);
         let period = keep_alive_period(self.workers.config.ack_wait);
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -462,30 +463,35 @@ impl BatchRun<'_> {
         metrics()
             .runtime_seconds
             .observe(&["infer"], started.elapsed().as_secs_f64());
-        result
+        let results = result?;
+        if results.len() != batch.len() {
+            return Err(Error::Protocol(format!(
+                "runtime answered {} results for {} items",
+                results.len(),
+                batch.len()
+            )));
+        }
+        Ok(results)
     }
 
     /// Replies to every message at once (each waits for its gateway's confirmation).
-    async fn succeed(&self, batch: Vec<Pending>, reply: InferReply) {
-        let settles = batch
-            .into_iter()
-            .zip(reply.results)
-            .map(|(pending, result)| {
-                let reply = ReplyMessage::ok(
-                    &pending.envelope.request_id,
-                    &self.placement.model_key,
-                    self.placement.epoch,
-                    result,
-                );
-                async move {
-                    let answered = self.settler.succeed(pending.envelope, reply).await;
-                    if let (true, Some(key)) = (answered, pending.payload_ref) {
-                        // The request is answered, so its object-store inputs are no longer
-                        // needed (a dead letter keeps them for its replay).
-                        self.workers.payloads.delete(&key).await;
-                    }
+    async fn succeed(&self, batch: Vec<Pending>, results: Vec<Embeddings>) {
+        let settles = batch.into_iter().zip(results).map(|(pending, result)| {
+            let reply = ReplyMessage::ok(
+                &pending.envelope.request_id,
+                &self.placement.model_key,
+                self.placement.epoch,
+                result,
+            );
+            async move {
+                let answered = self.settler.succeed(pending.envelope, reply).await;
+                if let (true, Some(key)) = (answered, pending.payload_ref) {
+                    // The request is answered, so its object-store inputs are no longer
+                    // needed (a dead letter keeps them for its replay).
+                    self.workers.payloads.delete(&key).await;
                 }
-            });
+            }
+        });
         futures::future::join_all(settles).await;
     }
 

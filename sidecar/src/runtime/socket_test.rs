@@ -2,13 +2,15 @@
 //! replies to requests, not about what a runtime computes (the Python end-to-end tests run the
 //! real runtime behind the real binary).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::*;
-use crate::protocol::{ErrorBody, MemoryReply, StatsReply};
+use super::socket::*;
+use crate::error::Error;
+use crate::protocol::{self, ErrorBody, ErrorReply, MemoryReply, Request, StatsReply};
 
 async fn read_request(peer: &mut UnixStream) -> Request {
     let length = peer.read_u32().await.unwrap();

@@ -1,0 +1,309 @@
+//! The socket runtime: a model runtime in another process (the PyTorch runtime, or anything
+//! else that speaks docs/protocol.md) reached over a Unix socket. Frames are a 4-byte big-endian
+//! length followed by one msgpack map. Requests carry ids; replies may come in any order and are
+//! matched to their request by id. The supervisor (`runtime::supervisor`) owns the process.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::{Backend, RuntimeInfo, RuntimeStats};
+use crate::error::{Error, Result};
+use crate::protocol::{
+    self, BareRequest, Embeddings, ErrorReply, HelloReply, HelloRequest, InferItem, InferReply,
+    InferRequest, LoadReply, LoadRequest, ReplyHead, Request, ShutdownReply, StatsReply,
+    UnloadReply, UnloadRequest, PROTOCOL_VERSION,
+};
+
+/// Larger frames mean a broken peer; the Python runtime's own limit is 64 MiB.
+pub const MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
+
+type Waiters = HashMap<u64, oneshot::Sender<Vec<u8>>>;
+
+pub struct RuntimeClient {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    waiters: Arc<Mutex<Waiters>>,
+    next_id: AtomicU64,
+    closed: CancellationToken,
+}
+
+impl RuntimeClient {
+    pub async fn connect(socket: &Path) -> Result<Arc<Self>> {
+        let stream = UnixStream::connect(socket).await?;
+        let (reader, writer) = stream.into_split();
+        let client = Arc::new(Self {
+            writer: tokio::sync::Mutex::new(writer),
+            waiters: Arc::new(Mutex::new(HashMap::new())),
+            // Id 0 is what the runtime uses for replies to frames whose id it could not read.
+            next_id: AtomicU64::new(1),
+            closed: CancellationToken::new(),
+        });
+        tokio::spawn(read_replies(
+            reader,
+            client.waiters.clone(),
+            client.closed.clone(),
+        ));
+        Ok(client)
+    }
+
+    /// Resolves once the connection is gone (runtime exited or broke the protocol).
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends one request and waits for the reply with its id; `ok: false` becomes
+    /// `Error::Runtime`.
+    pub async fn call<T: DeserializeOwned>(&self, request: Request) -> Result<T> {
+        let id = request.id();
+        let frame = frame(&protocol::encode(&request)?)?;
+        let (tx, rx) = oneshot::channel();
+        if self.is_closed() {
+            return Err(Error::RuntimeUnavailable("runtime socket is closed".into()));
+        }
+        self.waiters.lock().expect("waiters lock").insert(id, tx);
+        let written = self.writer.lock().await.write_all(&frame).await;
+        if let Err(e) = written {
+            self.waiters.lock().expect("waiters lock").remove(&id);
+            return Err(Error::RuntimeUnavailable(format!(
+                "writing {}: {e}",
+                request.op()
+            )));
+        }
+        let reply = rx.await.map_err(|_| {
+            Error::RuntimeUnavailable(format!(
+                "runtime closed before replying to {}",
+                request.op()
+            ))
+        })?;
+        let head: ReplyHead = protocol::decode(&reply)?;
+        if !head.ok {
+            let failed: ErrorReply = protocol::decode(&reply)?;
+            return Err(Error::Runtime(failed.error));
+        }
+        protocol::decode(&reply)
+    }
+
+    pub async fn hello(&self) -> Result<HelloReply> {
+        let reply: HelloReply = self
+            .call(Request::Hello(HelloRequest {
+                id: self.next_id(),
+                protocol: PROTOCOL_VERSION,
+                client: format!("taskfleet-sidecar {}", env!("CARGO_PKG_VERSION")),
+            }))
+            .await?;
+        if reply.protocol != PROTOCOL_VERSION {
+            return Err(Error::Protocol(format!(
+                "runtime speaks protocol {}, the sidecar speaks {PROTOCOL_VERSION}",
+                reply.protocol
+            )));
+        }
+        Ok(reply)
+    }
+
+    pub async fn load(&self, mut request: LoadRequest) -> Result<LoadReply> {
+        request.id = self.next_id();
+        self.call(Request::Load(request)).await
+    }
+
+    pub async fn unload(&self, model_key: &str) -> Result<UnloadReply> {
+        let id = self.next_id();
+        let model_key = model_key.to_string();
+        self.call(Request::Unload(UnloadRequest { id, model_key }))
+            .await
+    }
+
+    /// Runs a batch; a runtime that has not started it by `deadline_ms` drops it unrun.
+    pub async fn infer(
+        &self,
+        batch_id: String,
+        items: Vec<InferItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<InferReply> {
+        let count = items.len();
+        let id = self.next_id();
+        let reply: InferReply = self
+            .call(Request::Infer(InferRequest {
+                id,
+                batch_id,
+                items,
+                deadline_ms,
+            }))
+            .await?;
+        if reply.results.len() != count {
+            return Err(Error::Protocol(format!(
+                "infer of {count} items returned {} results",
+                reply.results.len()
+            )));
+        }
+        Ok(reply)
+    }
+
+    pub async fn stats(&self) -> Result<StatsReply> {
+        let id = self.next_id();
+        self.call(Request::Stats(BareRequest { id })).await
+    }
+
+    pub async fn shutdown(&self) -> Result<ShutdownReply> {
+        let id = self.next_id();
+        self.call(Request::Shutdown(BareRequest { id })).await
+    }
+}
+
+/// Routes each reply frame to the waiter of its id. When the stream ends or breaks, all
+/// waiters are dropped, which fails their calls with `RuntimeUnavailable`.
+async fn read_replies(
+    mut reader: OwnedReadHalf,
+    waiters: Arc<Mutex<Waiters>>,
+    closed: CancellationToken,
+) {
+    let end = loop {
+        match read_frame(&mut reader, MAX_FRAME_BYTES).await {
+            Ok(Some(frame)) => match protocol::decode::<ReplyHead>(&frame) {
+                Ok(head) => {
+                    let waiter = waiters.lock().expect("waiters lock").remove(&head.id);
+                    match waiter {
+                        Some(tx) => {
+                            let _ = tx.send(frame);
+                        }
+                        None => tracing::warn!(id = head.id, ok = head.ok, "reply to no request"),
+                    }
+                }
+                Err(e) => break format!("reply without id/ok: {e}"),
+            },
+            Ok(None) => break "runtime closed the socket".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    tracing::warn!(reason = %end, "runtime connection ended");
+    closed.cancel();
+    waiters.lock().expect("waiters lock").clear();
+}
+
+/// One frame's body; `None` on a clean end of stream between frames. The body grows as it
+/// arrives, so a header that announces more than the peer sends allocates nothing up front.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_bytes: u32,
+) -> Result<Option<Vec<u8>>> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    while got < header.len() {
+        match reader.read(&mut header[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => {
+                return Err(Error::Protocol(format!(
+                    "stream ended inside a frame header ({got} bytes)"
+                )))
+            }
+            n => got += n,
+        }
+    }
+    let length = u32::from_be_bytes(header);
+    if length > max_bytes {
+        return Err(Error::Protocol(format!("frame of {length} bytes")));
+    }
+    let mut body = Vec::with_capacity((length as usize).min(1 << 20));
+    reader
+        .take(u64::from(length))
+        .read_to_end(&mut body)
+        .await?;
+    if body.len() != length as usize {
+        return Err(Error::Protocol(format!(
+            "stream ended after {} of {length} frame bytes",
+            body.len()
+        )));
+    }
+    Ok(Some(body))
+}
+
+/// A frame: the body's length (4 bytes, big-endian), then the body.
+pub(crate) fn frame(body: &[u8]) -> Result<Vec<u8>> {
+    let length = u32::try_from(body.len())
+        .ok()
+        .filter(|len| *len <= MAX_FRAME_BYTES)
+        .ok_or_else(|| Error::Protocol(format!("message of {} bytes", body.len())))?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(body);
+    Ok(frame)
+}
+
+/// A connected socket runtime behind the [`Backend`] trait; `info` is what its `hello` said.
+pub struct SocketRuntime {
+    pub client: Arc<RuntimeClient>,
+    info: RuntimeInfo,
+}
+
+impl SocketRuntime {
+    /// Says `hello` and keeps what the runtime reported.
+    pub async fn hello(client: Arc<RuntimeClient>) -> Result<Self> {
+        let hello = client.hello().await?;
+        let info = RuntimeInfo {
+            runtime: hello.runtime,
+            version: hello.runtime_version,
+            capabilities: hello.capabilities,
+        };
+        Ok(Self { client, info })
+    }
+}
+
+#[async_trait]
+impl Backend for SocketRuntime {
+    fn info(&self) -> RuntimeInfo {
+        self.info.clone()
+    }
+
+    async fn health(&self) -> Result<()> {
+        if self.client.is_closed() {
+            return Err(Error::RuntimeUnavailable("runtime socket is closed".into()));
+        }
+        Ok(())
+    }
+
+    async fn load(&self, request: LoadRequest) -> Result<u64> {
+        Ok(self.client.load(request).await?.memory_bytes)
+    }
+
+    async fn unload(&self, model_key: &str) -> Result<u64> {
+        Ok(self.client.unload(model_key).await?.memory_bytes)
+    }
+
+    async fn infer(
+        &self,
+        batch_id: String,
+        items: Vec<InferItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<Vec<Embeddings>> {
+        Ok(self
+            .client
+            .infer(batch_id, items, deadline_ms)
+            .await?
+            .results)
+    }
+
+    async fn stats(&self) -> Result<RuntimeStats> {
+        let stats = self.client.stats().await?;
+        Ok(RuntimeStats {
+            memory_bytes: stats.memory_bytes,
+            models: stats.models,
+            queue_depth: stats.queue_depth,
+        })
+    }
+}
