@@ -4,11 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SIDECAR := sidecar/target/release/taskfleet-sidecar
+# infinity-emb, the peer engine the HTTP runtime is tested and benchmarked against, pins
+# numpy<2 and sentence-transformers<4: it gets its own virtual environment.
+INFINITY_VENV ?= .venv-infinity
+INFINITY_STAMP := $(INFINITY_VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install sysdeps sidecar lint test test-python test-rust demo bench clean
+.PHONY: help install sysdeps sidecar infinity lint test test-python test-rust demo bench clean
 
 help:
 	@echo "make demo   - install, start the embedded stack and run the main loop"
@@ -22,6 +26,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(INFINITY_STAMP):
+	test -x $(INFINITY_VENV)/bin/python || python3 -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(INFINITY_VENV)/bin/python -m pip install -q "infinity-emb[server,torch]==0.0.78" "numpy<2" "sentence-transformers<4"
+	touch $(INFINITY_STAMP)
+
+infinity: $(INFINITY_STAMP)
 
 # System packages the tests need: PostgreSQL (tests start their own server) and Chromium.
 sysdeps:

@@ -42,8 +42,17 @@ def text_key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def namespace(model_fingerprint: str, adapter_fingerprint: str | None, max_seq_length: int) -> str:
+def namespace(
+    model_fingerprint: str,
+    adapter_fingerprint: str | None,
+    max_seq_length: int,
+    runtime: str = "torch",
+) -> str:
+    """Vectors differ by model, adapter, truncation and the runtime that computed them; torch
+    keys keep their original form so caches made before runtimes existed stay valid."""
     raw = f"{model_fingerprint}\0{adapter_fingerprint or ''}\0{max_seq_length}"
+    if runtime != "torch":
+        raw += f"\0{runtime}"
     return hashlib.sha256(raw.encode()).hexdigest()
 
 

@@ -21,7 +21,8 @@ from evals.beir import RetrievalSplit
 from evals.cache import CachedCost, EmbeddingCache, namespace, text_key
 
 if TYPE_CHECKING:
-    from serving.runtime.encoder import Encoder, EncodeStats, ModelSpec, TextKind
+    from serving.runtime.encoder import EncodeStats, ModelSpec, TextKind
+    from serving.runtime.remote import RuntimeTarget, TextEncoder
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, items done now, phase total)
 Results = dict[str, dict[str, float]]
@@ -48,7 +49,9 @@ def top_k(
 
 
 class DenseRetriever:
-    """A sentence-transformers base model, optionally with a LoRA adapter, behind a cache."""
+    """A sentence-transformers base model, optionally with a LoRA adapter, behind a cache,
+    encoded by a given runtime (in-process PyTorch by default; Candle or HTTP through the
+    sidecar, see ``serving.runtime.remote``)."""
 
     def __init__(
         self,
@@ -58,21 +61,36 @@ class DenseRetriever:
         adapter_fingerprint: str | None,
         cache: EmbeddingCache,
         max_batch_tokens: int | None = None,
+        runtime: RuntimeTarget | None = None,
     ) -> None:
         self.spec = spec
         self.model_fingerprint = model_fingerprint
         self.adapter_fingerprint = adapter_fingerprint
         self.cache = cache
         self.max_batch_tokens = max_batch_tokens
-        self._encoder: Encoder | None = None
+        self.runtime = runtime
+        self._encoder: TextEncoder | None = None
         self._namespace: str | None = None
 
-    def _load(self) -> Encoder:
-        from serving.runtime.encoder import Encoder
+    @property
+    def runtime_kind(self) -> str:
+        return self.runtime.kind if self.runtime else "torch"
+
+    def _load(self) -> TextEncoder:
+        from serving.runtime.remote import RuntimeTarget, open_encoder
 
         if self._encoder is None:
-            self._encoder = Encoder(self.spec, max_batch_tokens=self.max_batch_tokens)
+            self._encoder = open_encoder(
+                self.spec, self.runtime or RuntimeTarget(), max_batch_tokens=self.max_batch_tokens
+            )
         return self._encoder
+
+    def close(self) -> None:
+        """Stops a runtime process this retriever started (nothing to do in-process)."""
+        close = getattr(self._encoder, "close", None)
+        if close is not None:
+            close()
+        self._encoder = None
 
     @property
     def namespace(self) -> str:
@@ -80,8 +98,12 @@ class DenseRetriever:
             # The sequence length is part of the key: truncation changes the vectors.
             max_len = self.spec.max_seq_length
             if max_len is None:
-                max_len = self._load().max_seq_length
-            self._namespace = namespace(self.model_fingerprint, self.adapter_fingerprint, max_len)
+                # Only torch needs loading to know it; the sidecar runtimes apply the folder's
+                # own limit, which the model fingerprint covers (0 stands for it).
+                max_len = self._load().max_seq_length if self.runtime_kind == "torch" else 0
+            self._namespace = namespace(
+                self.model_fingerprint, self.adapter_fingerprint, max_len, self.runtime_kind
+            )
         return self._namespace
 
     def embed(

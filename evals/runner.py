@@ -23,6 +23,7 @@ from registry.provenance import code_version
 if TYPE_CHECKING:
     from registry import Registry
     from registry.entities import Candidate, EvalRun
+    from serving.runtime.remote import RuntimeTarget
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class ResolvedCandidate:
     model_fingerprint: str | None
     adapter_fingerprint: str | None
     trained_on: list[tuple[str | None, str]]
+    runtime: str | None = None  # the runtime that encodes (None: no model)
+
+    def close(self) -> None:
+        close = getattr(self.retriever, "close", None)
+        if close is not None:
+            close()
 
 
 def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:
@@ -48,12 +55,20 @@ def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:
 
 
 def resolve_candidate(
-    reg: Registry, candidate: Candidate, cache: EmbeddingCache
+    reg: Registry,
+    candidate: Candidate,
+    cache: EmbeddingCache,
+    runtime: RuntimeTarget | None = None,
 ) -> ResolvedCandidate:
-    """Build the retriever a registered candidate stands for, with its fingerprints and lineage."""
+    """Build the retriever a registered candidate stands for, with its fingerprints and lineage,
+    encoding through ``runtime`` (default: torch, in-process)."""
+    from registry import RegistryError
+    from registry.runtimes import check_servable
     from serving.runtime.encoder import ModelSpec
 
     if candidate.kind == "bm25":
+        if runtime is not None and runtime.kind != "torch":
+            raise CandidateError("a bm25 candidate has no model to run on a runtime")
         return ResolvedCandidate(BM25Retriever(), None, None, [])
     if candidate.kind != "embedding" or candidate.base_model is None:
         raise CandidateError(
@@ -73,6 +88,17 @@ def resolve_candidate(
         adapter_path = reg.adapter_path(adapter.name)
         adapter_fp = adapter.sha256
         trained_on = [(a.training.suite, a.training.train_split) for a in reg.lineage(adapter.name)]
+    kind = runtime.kind if runtime else "torch"
+    try:
+        check_servable(
+            kind,
+            model=base.name,
+            model_runtimes=base.runtime_kinds,
+            adapter=candidate.adapter,
+            task_kind=reg.get_task(candidate.task).kind,
+        )
+    except RegistryError as exc:
+        raise CandidateError(str(exc)) from None
     spec = ModelSpec(
         base_path=reg.model_path(base.name),
         adapter_path=adapter_path,
@@ -80,9 +106,13 @@ def resolve_candidate(
         passage_prefix=base.passage_prefix,
     )
     retriever = DenseRetriever(
-        spec, model_fingerprint=base.sha256, adapter_fingerprint=adapter_fp, cache=cache
+        spec,
+        model_fingerprint=base.sha256,
+        adapter_fingerprint=adapter_fp,
+        cache=cache,
+        runtime=runtime,
     )
-    return ResolvedCandidate(retriever, base.sha256, adapter_fp, trained_on)
+    return ResolvedCandidate(retriever, base.sha256, adapter_fp, trained_on, kind)
 
 
 def run_eval(
@@ -94,8 +124,10 @@ def run_eval(
     split: str | None = None,
     sample: int | None = None,
     progress: ProgressFn = no_progress,
+    runtime: RuntimeTarget | None = None,
 ) -> EvalRun:
-    """Evaluate a registered candidate on its task's suite and record the run."""
+    """Evaluate a registered candidate on its task's suite (through ``runtime``, default the
+    in-process torch one) and record the run."""
     from registry.entities import EvalRunCreate
     from serving.runtime.encoder import ModelLoadError
 
@@ -103,8 +135,9 @@ def run_eval(
     split = split or suite.test_splits[0]
     candidate = reg.get_candidate(task, candidate_name)
     cache = EmbeddingCache.in_dir(paths.cache_dir)
+    resolved: ResolvedCandidate | None = None
     try:
-        resolved = resolve_candidate(reg, candidate, cache)
+        resolved = resolve_candidate(reg, candidate, cache, runtime)
         result = evaluate(
             suite,
             split,
@@ -119,6 +152,8 @@ def run_eval(
     except ModelLoadError as exc:
         raise CandidateError(str(exc)) from None
     finally:
+        if resolved is not None:
+            resolved.close()
         cache.close()
 
     version = code_version()
@@ -144,6 +179,7 @@ def run_eval(
         code_version=version,
         mlflow_run_id=mlflow_run_id,
         wall_seconds=result.wall_seconds,
+        runtime=resolved.runtime,
     )
     return reg.record_eval_run(create)
 
@@ -169,6 +205,7 @@ def _log_to_mlflow(
         "model_fingerprint": resolved.model_fingerprint or "",
         "adapter_fingerprint": resolved.adapter_fingerprint or "",
         "code_version": version,
+        "runtime": resolved.runtime or "",
     }
     metrics = dict(result.metrics)
     for name, (low, high) in result.ci.items():

@@ -14,6 +14,7 @@ from registry.base import ServiceBase
 from registry.errors import AlreadyExists, InvalidInput, LineageError, NotFound
 from registry.fingerprint import read_sentence_transformer_info, tree_sha256
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, TaskRow
+from registry.runtimes import DEFAULT_RUNTIME, check_runtime_kinds
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.
@@ -105,6 +106,7 @@ class CatalogMixin(ServiceBase):
         runtime_kinds: list[str] | None = None,
     ) -> e.BaseModel:
         check_name("model", name)
+        kinds = check_runtime_kinds(runtime_kinds or [DEFAULT_RUNTIME])
         if (path is None) == (package is None):
             raise InvalidInput("give exactly one of a weights path or a package reference")
         folder = resolve_package_model(package) if package else Path(path or "").expanduser()
@@ -130,13 +132,25 @@ class CatalogMixin(ServiceBase):
                 dims=info.dims,
                 max_seq_length=info.max_seq_length,
                 size_bytes=digest.size_bytes,
-                runtime_kinds=runtime_kinds or ["torch"],
+                runtime_kinds=kinds,
                 query_prefix=query_prefix,
                 passage_prefix=passage_prefix,
             )
             s.add(row)
             s.flush()
             self._audit(s, "model.add", "base_model", name, {"sha256": digest.sha256})
+            return model_entity(row)
+
+    def set_model_runtimes(self, name: str, runtime_kinds: list[str]) -> e.BaseModel:
+        """Which runtimes may serve the model (a placement on one still needs its eval run)."""
+        kinds = check_runtime_kinds(runtime_kinds)
+        with self._write() as s:
+            row = _model_row(s, name)
+            previous = list(row.runtime_kinds)
+            row.runtime_kinds = kinds
+            self._audit(
+                s, "model.runtimes", "base_model", name, {"runtimes": kinds, "previous": previous}
+            )
             return model_entity(row)
 
     def get_model(self, name: str) -> e.BaseModel:

@@ -94,6 +94,7 @@ class EvalRunCreate:
     code_version: str = ""
     mlflow_run_id: str | None = None
     wall_seconds: float = 0.0
+    runtime: str | None = None  # the runtime it was scored through; None for bm25
 
     @property
     def main_score(self) -> float:
@@ -122,6 +123,7 @@ class EvalRun:
     mlflow_run_id: str | None
     wall_seconds: float
     created_at: datetime
+    runtime: str | None = None
 
     @property
     def main_score(self) -> float:
@@ -138,6 +140,7 @@ class Placement:
     replicas: int
     created_at: datetime
     published_at: datetime | None
+    runtime: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ class Promotion:
     created_at: datetime
     pinned: bool  # of the placement epoch this row wrote
     replicas: int
+    runtime: str = "torch"  # the runtime the placement epoch names
 
 
 @dataclass(frozen=True)
@@ -252,3 +256,5 @@ class PromotionCheck:
     paired_queries: int = 0
     challenger_run_id: int | None = None
     champion_run_id: int | None = None
+    runtime: str | None = None  # the runtime the challenger would be placed on
+    champion_runtime: str | None = None

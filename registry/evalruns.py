@@ -12,6 +12,7 @@ from registry.base import ServiceBase
 from registry.catalog import _candidate_row, _task_row
 from registry.errors import InvalidInput, NotFound
 from registry.models import CandidateRow, EvalRunRow, TaskRow
+from registry.runtimes import DEFAULT_RUNTIME, RUNTIME_KINDS
 
 
 class EvalRunMixin(ServiceBase):
@@ -37,6 +38,8 @@ class EvalRunMixin(ServiceBase):
                 code_version=run.code_version,
                 mlflow_run_id=run.mlflow_run_id,
                 wall_seconds=run.wall_seconds,
+                # A model's run that names no runtime was scored in-process, by torch.
+                runtime=run.runtime or (None if cand.kind == "bm25" else DEFAULT_RUNTIME),
             )
             s.add(row)
             s.flush()
@@ -87,6 +90,8 @@ def _validate(run: e.EvalRunCreate) -> None:
             raise InvalidInput(f"metric {name!r} is not a finite number: {value}")
     if not run.per_query:
         raise InvalidInput("an eval run needs its per-query scores (for paired bootstrap)")
+    if run.runtime is not None and run.runtime not in RUNTIME_KINDS:
+        raise InvalidInput(f"unknown runtime {run.runtime!r}; known: {', '.join(RUNTIME_KINDS)}")
 
 
 def eval_entity(s: Session, r: EvalRunRow) -> e.EvalRun:
@@ -113,13 +118,22 @@ def eval_entity(s: Session, r: EvalRunRow) -> e.EvalRun:
         mlflow_run_id=r.mlflow_run_id,
         wall_seconds=r.wall_seconds,
         created_at=r.created_at,
+        runtime=r.runtime,
     )
 
 
 def latest_run_row(
-    s: Session, candidate_id: int, *, suite_fingerprint: str | None = None, split: str | None = None
+    s: Session,
+    candidate_id: int,
+    *,
+    suite_fingerprint: str | None = None,
+    split: str | None = None,
+    runtime: str | None = None,
 ) -> EvalRunRow | None:
+    """The newest run of a candidate (through ``runtime``, when given)."""
     query = select(EvalRunRow).where(EvalRunRow.candidate_id == candidate_id)
+    if runtime is not None:
+        query = query.where(EvalRunRow.runtime == runtime)
     if suite_fingerprint is not None:
         query = query.where(EvalRunRow.suite_fingerprint == suite_fingerprint)
     if split is not None:

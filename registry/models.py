@@ -148,6 +148,8 @@ class EvalRunRow(Base):
     code_version: Mapped[str] = mapped_column(String(128), nullable=False)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     wall_seconds: Mapped[float] = mapped_column(Float, nullable=False)
+    # The runtime the candidate was scored through (None: no model, e.g. bm25).
+    runtime: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime] = _created()
 
 
@@ -160,6 +162,8 @@ class PlacementRow(Base):
     epoch: Mapped[int] = mapped_column(Integer, nullable=False)
     pinned: Mapped[bool] = mapped_column(Boolean, nullable=False)
     replicas: Mapped[int] = mapped_column(Integer, nullable=False)
+    # Which runtime kind serves it; only workers of that kind run the task.
+    runtime: Mapped[str] = mapped_column(String(16), server_default="torch", nullable=False)
     created_at: Mapped[datetime] = _created()
     # Outbox: set by the publisher once the KV holds this epoch.
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

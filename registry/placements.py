@@ -3,7 +3,8 @@
 A new epoch is written only by `write_epoch`, together with its promotion row: promote,
 override, rollback (the candidate changes) or placement (only pinned/replicas of the champion
 change). So the promotion history names every epoch, and no route places a candidate that no
-promotion backs.
+promotion backs. Each epoch names the runtime kind (torch, candle, http) that serves it; only
+workers of that kind run the task.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from registry.base import ServiceBase
 from registry.catalog import _task_row
 from registry.errors import InvalidInput, NotFound
 from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow, utcnow
+from registry.runtimes import DEFAULT_RUNTIME
 
 
 class PlacementMixin(ServiceBase):
@@ -93,10 +95,12 @@ def write_epoch(
     eval_run_ids: list[int],
     pinned: bool | None = None,
     replicas: int | None = None,
+    runtime: str | None = None,
 ) -> PromotionRow:
     """The next placement epoch and the promotion row that backs it, in the caller's transaction.
 
-    `pinned`/`replicas` default to the previous epoch's (pinned and 1 for a first placement).
+    `pinned`/`replicas` default to the previous epoch's (pinned and 1 for a first placement);
+    `runtime` to the previous epoch's when it places the same candidate, else torch.
     """
     if kind not in PROMOTION_KINDS:
         raise InvalidInput(f"unknown promotion kind {kind!r}")
@@ -107,12 +111,16 @@ def write_epoch(
         pinned = latest.pinned if latest else True
     if replicas is None:
         replicas = latest.replicas if latest else 1
+    if runtime is None:
+        same = latest is not None and latest.candidate_id == cand.id
+        runtime = latest.runtime if same and latest else DEFAULT_RUNTIME
     placement = PlacementRow(
         task_id=task_row.id,
         candidate_id=cand.id,
         epoch=(latest.epoch + 1) if latest else 1,
         pinned=pinned,
         replicas=check_replicas(replicas),
+        runtime=runtime,
     )
     s.add(placement)
     s.flush()
@@ -143,4 +151,5 @@ def placement_entity(s: Session, r: PlacementRow) -> e.Placement:
         r.replicas,
         r.created_at,
         r.published_at,
+        r.runtime,
     )

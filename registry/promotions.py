@@ -1,12 +1,19 @@
 """Promotion and rollback: the rule, and the one transaction (promotion record + placement).
 
-A challenger may be promoted when its latest eval run beats the champion's run on the same
-suite version (fingerprint and split) by the task's margin, with the paired-bootstrap lower
-bound of the difference above zero. Otherwise only an admin may promote, with a reason.
+What is promoted is a *pairing*: a candidate served by a runtime (torch, candle, http). A
+challenger may be promoted when its latest eval run through that runtime beats the champion's
+run (through the champion's runtime) on the same suite version (fingerprint and split) by the
+task's margin, with the paired-bootstrap lower bound of the difference above zero. Moving the
+champion candidate to another runtime is a promotion too: it needs an eval run through the new
+runtime whose main metric is no worse than the serving pairing's by more than
+``RUNTIME_TOLERANCE`` (the same model should score the same). Otherwise only an admin may
+promote, with a reason. A pairing the runtime cannot serve (see ``registry.runtimes``) is
+refused for everyone.
 
 Every placement epoch has a promotion row, of one of four kinds: `promote` (the rule held, or a
 first champion with an eval run), `override` (an admin, with a reason), `rollback`, and
-`placement` (only pinned/replicas of the champion changed, `update_placement`).
+`placement` (only pinned/replicas of the champion changed, `update_placement`; the runtime
+changes only by promotion, since a runtime switch is evaluated).
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ from registry import entities as e
 from registry.catalog import CatalogMixin, _candidate_row, _task_row, candidate_entity
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import latest_run_row
-from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow
+from registry.models import (
+    AdapterRow,
+    BaseModelRow,
+    CandidateRow,
+    PlacementRow,
+    PromotionRow,
+    TaskRow,
+)
 from registry.placements import (
     CANDIDATE_CHANGES,
     PROMOTION_KINDS,
@@ -30,7 +44,12 @@ from registry.placements import (
     placement_entity,
     write_epoch,
 )
+from registry.runtimes import DEFAULT_RUNTIME, check_servable
 from registry.stats import paired_difference_ci
+
+# How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
+# through another runtime differ only by float rounding.
+RUNTIME_TOLERANCE = 0.001
 
 PROMOTE_ROLES = ("promoter", "admin")
 AUTO_PROMOTE_ACTOR = "system:auto-promote"
@@ -63,12 +82,18 @@ class PromotionMixin(CatalogMixin):
             )
             return [promotion_entity(s, r) for r in rows]
 
-    def check_promotion(self, task: str, candidate: str) -> e.PromotionCheck:
-        """Does the rule allow promoting this candidate now? Never writes."""
+    def check_promotion(
+        self, task: str, candidate: str, runtime: str | None = None
+    ) -> e.PromotionCheck:
+        """Does the rule allow promoting this candidate (on ``runtime``) now? Never writes.
+
+        ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
+        """
         with self._read() as s:
             task_row = _task_row(s, task)
             cand = _candidate_row(s, task, candidate)
-            champ = _champion_row(s, task_row.id)
+            champion = _champion(s, task_row.id)
+            champ, champ_runtime = champion if champion else (None, None)
             verdict = e.PromotionCheck(
                 task=task,
                 challenger=candidate,
@@ -76,24 +101,39 @@ class PromotionMixin(CatalogMixin):
                 passes=False,
                 reason="",
                 margin=task_row.margin,
+                champion_runtime=champ_runtime,
             )
             if cand.kind == "bm25":
                 return _with(verdict, reason="a bm25 candidate has no model to place on the fleet")
-            if champ is not None and champ.id == cand.id:
-                return _with(verdict, reason=f"{candidate!r} is already the champion")
-            run = latest_run_row(s, cand.id)
+            run = latest_run_row(s, cand.id, runtime=runtime)
+            runtime = runtime or (run.runtime if run else None) or DEFAULT_RUNTIME
+            verdict = _with(verdict, runtime=runtime)
+            switch = champ is not None and champ.id == cand.id
+            if switch and champ_runtime == runtime:
+                return _with(verdict, reason=f"{candidate!r} on {runtime} is already the champion")
+            problem = _servable_problem(s, task_row, cand, runtime)
+            if problem:
+                return _with(verdict, reason=problem)
             if run is None:
-                return _with(verdict, reason=f"{candidate!r} has no eval run on this task")
+                return _with(
+                    verdict,
+                    reason=f"{candidate!r} has no eval run through the {runtime} runtime",
+                )
             verdict = _with(verdict, main_metric=run.main_metric, challenger_run_id=run.id)
             if champ is None:
                 return _with(verdict, passes=True, reason="no champion yet; challenger evaluated")
             champ_run = latest_run_row(
-                s, champ.id, suite_fingerprint=run.suite_fingerprint, split=run.split
+                s,
+                champ.id,
+                suite_fingerprint=run.suite_fingerprint,
+                split=run.split,
+                runtime=champ_runtime,
             )
             if champ_run is None:
                 return _with(
                     verdict,
-                    reason=f"champion {champ.name!r} has no eval run on the same suite version",
+                    reason=f"champion {champ.name!r} has no eval run through {champ_runtime} on "
+                    "the same suite version",
                 )
             interval, paired = paired_difference_ci(run.per_query, champ_run.per_query)
             verdict = _with(
@@ -105,6 +145,18 @@ class PromotionMixin(CatalogMixin):
                 paired_queries=paired,
             )
             metric = run.main_metric
+            if switch:
+                moved = f"runtime {champ_runtime} -> {runtime}: {metric} {interval.estimate:+.4f}"
+                if interval.estimate < -RUNTIME_TOLERANCE:
+                    return _with(
+                        verdict,
+                        reason=f"{moved}, worse than the runtime tolerance -{RUNTIME_TOLERANCE:g}",
+                    )
+                return _with(
+                    verdict,
+                    passes=True,
+                    reason=f"{moved} (within -{RUNTIME_TOLERANCE:g}, {paired} queries)",
+                )
             if interval.estimate < task_row.margin:
                 return _with(
                     verdict,
@@ -134,8 +186,10 @@ class PromotionMixin(CatalogMixin):
         expected_champion: str | None = UNSET,
         pinned: bool | None = None,
         replicas: int | None = None,
+        runtime: str | None = None,
     ) -> e.Promotion:
-        """Make a candidate champion: promotion record + new placement epoch, atomically.
+        """Make a candidate (on ``runtime``) champion: promotion record + new placement epoch,
+        atomically. ``runtime`` None: the runtime of its latest eval run.
 
         `expected_champion` guards against stale forms: if the champion changed since the
         caller looked, nothing happens and Conflict is raised. `pinned`/`replicas` set the new
@@ -145,10 +199,18 @@ class PromotionMixin(CatalogMixin):
             raise PermissionDenied("promoting needs the promoter or admin role")
         if self.get_candidate(task, candidate).kind == "bm25":
             raise InvalidInput("a bm25 candidate has no model to place on the fleet")
-        check = self.check_promotion(task, candidate)
+        check = self.check_promotion(task, candidate, runtime)
+        runtime = check.runtime or DEFAULT_RUNTIME
+        with self._read() as s:
+            # No override places what the runtime cannot serve: it would fail every request.
+            problem = _servable_problem(
+                s, _task_row(s, task), _candidate_row(s, task, candidate), runtime
+            )
+        if problem:
+            raise InvalidInput(f"cannot promote {candidate!r} on {runtime}: {problem}")
         kind = "promote"
         if not check.passes:
-            if check.champion == candidate:
+            if check.champion == candidate and check.champion_runtime == runtime:
                 raise Conflict(check.reason)
             if not override:
                 raise PromotionRuleNotMet(
@@ -164,6 +226,7 @@ class PromotionMixin(CatalogMixin):
         return self._switch(
             task,
             candidate,
+            runtime,
             kind=kind,
             reason=reason or check.reason,
             eval_run_ids=run_ids,
@@ -188,9 +251,11 @@ class PromotionMixin(CatalogMixin):
             current = s.get(CandidateRow, last.candidate_id)
             assert previous is not None and current is not None
             target, seen = previous.name, current.name
+            target_runtime = _previous_runtime(s, last)
         return self._switch(
             task,
             target,
+            target_runtime,
             kind="rollback",
             reason=reason or f"rollback from {seen}",
             eval_run_ids=[],
@@ -205,12 +270,14 @@ class PromotionMixin(CatalogMixin):
         pinned: bool | None = None,
         replicas: int | None = None,
         candidate: str | None = None,
+        runtime: str | None = None,
         reason: str = "",
     ) -> e.Placement:
         """Change how the champion is served (pinned, replicas): a new epoch + its history row.
 
         What is served changes only by promote, override or rollback: naming a `candidate`
-        other than the champion is refused (`PromotionRequired`). A placement that serves
+        other than the champion, or a `runtime` other than the champion's (a runtime switch is
+        evaluated, then promoted), is refused (`PromotionRequired`). A placement that serves
         another candidate than the champion (written before this rule) is put back on the
         champion. Nothing to change: the current placement, no new epoch.
         """
@@ -220,24 +287,32 @@ class PromotionMixin(CatalogMixin):
             check_replicas(replicas)
         with self._write() as s:
             task_row = _task_row(s, task)
-            champ = _champion_row(s, task_row.id)
-            if champ is None:
+            champion = _champion(s, task_row.id)
+            if champion is None:
                 raise PromotionRequired(
                     f"task {task!r} has no champion yet: promote a candidate first (its "
                     "eval run backs the placement); then pinned/replicas may change here"
                 )
+            champ, champ_runtime = champion
             if candidate is not None and candidate != champ.name:
                 raise PromotionRequired(
                     f"placing {candidate!r} would change what {task!r} serves (champion: "
                     f"{champ.name!r}); promote it (the rule decides, or an admin overrides with "
                     "a reason) or roll back"
                 )
+            if runtime is not None and runtime != champ_runtime:
+                raise PromotionRequired(
+                    f"serving {task!r} through {runtime} instead of {champ_runtime} is a runtime "
+                    f"switch: score {champ.name!r} through {runtime} (`taskfleet eval run "
+                    f"--runtime {runtime}`) and promote it with `--runtime {runtime}`"
+                )
             current = latest_placement_row(s, task_row.id)
             assert current is not None  # a champion always has its placement epoch
             pinned = current.pinned if pinned is None else pinned
             replicas = current.replicas if replicas is None else replicas
-            if (current.candidate_id, current.pinned, current.replicas) == (
+            if (current.candidate_id, current.runtime, current.pinned, current.replicas) == (
                 champ.id,
+                champ_runtime,
                 pinned,
                 replicas,
             ):
@@ -246,6 +321,8 @@ class PromotionMixin(CatalogMixin):
             changes = _placement_changes(current, pinned, replicas)
             if current.candidate_id != champ.id and placed is not None:
                 changes.append(f"back on the champion from {placed.name}")
+            if current.runtime != champ_runtime:
+                changes.append(f"back on the champion's runtime {champ_runtime}")
             row = write_epoch(
                 s,
                 task_row,
@@ -257,6 +334,7 @@ class PromotionMixin(CatalogMixin):
                 eval_run_ids=[],
                 pinned=pinned,
                 replicas=replicas,
+                runtime=champ_runtime,
             )
             placement = s.get(PlacementRow, row.placement_id)
             assert placement is not None
@@ -265,7 +343,12 @@ class PromotionMixin(CatalogMixin):
                 "placement.set",
                 "placement",
                 f"{task}@{placement.epoch}",
-                {"candidate": champ.name, "pinned": pinned, "replicas": replicas},
+                {
+                    "candidate": champ.name,
+                    "runtime": champ_runtime,
+                    "pinned": pinned,
+                    "replicas": replicas,
+                },
             )
             return placement_entity(s, placement)
 
@@ -273,6 +356,7 @@ class PromotionMixin(CatalogMixin):
         self,
         task: str,
         candidate: str,
+        runtime: str,
         *,
         kind: str,
         reason: str,
@@ -285,7 +369,8 @@ class PromotionMixin(CatalogMixin):
         with self._write() as s:
             task_row = _task_row(s, task)
             cand = _candidate_row(s, task, candidate)
-            champ = _champion_row(s, task_row.id)
+            champion = _champion(s, task_row.id)
+            champ, champ_runtime = champion if champion else (None, None)
             now = champ.name if champ else None
             if expected_champion != UNSET and now != expected_champion:
                 raise Conflict(
@@ -294,8 +379,8 @@ class PromotionMixin(CatalogMixin):
                 )
             if now != seen_champion:
                 raise Conflict(f"the champion of {task!r} changed while checking; try again")
-            if champ is not None and champ.id == cand.id:
-                raise Conflict(f"{candidate!r} is already the champion")
+            if champ is not None and champ.id == cand.id and champ_runtime == runtime:
+                raise Conflict(f"{candidate!r} on {runtime} is already the champion")
             row = write_epoch(
                 s,
                 task_row,
@@ -307,6 +392,7 @@ class PromotionMixin(CatalogMixin):
                 eval_run_ids=eval_run_ids,
                 pinned=pinned,
                 replicas=replicas,
+                runtime=runtime,
             )
             entity = promotion_entity(s, row)
             self._audit(
@@ -314,7 +400,13 @@ class PromotionMixin(CatalogMixin):
                 f"task.{kind}",
                 "task",
                 task,
-                {"candidate": candidate, "previous": now, "epoch": entity.epoch},
+                {
+                    "candidate": candidate,
+                    "runtime": runtime,
+                    "previous": now,
+                    "previous_runtime": champ_runtime,
+                    "epoch": entity.epoch,
+                },
             )
             return entity
 
@@ -322,7 +414,9 @@ class PromotionMixin(CatalogMixin):
         """After a new eval run: promote as the system if the task opted in and the rule holds."""
         if not self.get_task_auto_promote(task):
             return None
-        if not self.check_promotion(task, candidate).passes:
+        check = self.check_promotion(task, candidate)
+        # Moving the champion to another runtime is an operator's decision, never automatic.
+        if not check.passes or check.champion == candidate:
             return None
         system = type(self)(
             self.engine, self.artifacts, actor=AUTO_PROMOTE_ACTOR, roles=("promoter",)
@@ -367,6 +461,53 @@ def _champion_row(s: Session, task_id: int) -> CandidateRow | None:
     return s.get(CandidateRow, last.candidate_id) if last else None
 
 
+def _promotion_runtime(s: Session, promotion: PromotionRow) -> str:
+    placement = s.get(PlacementRow, promotion.placement_id)
+    return placement.runtime if placement else DEFAULT_RUNTIME
+
+
+def _champion(s: Session, task_id: int) -> tuple[CandidateRow, str] | None:
+    """The champion pairing: the latest promotion's candidate and the runtime it placed."""
+    last = _latest_promotion(s, task_id)
+    if last is None:
+        return None
+    cand = s.get(CandidateRow, last.candidate_id)
+    assert cand is not None
+    return cand, _promotion_runtime(s, last)
+
+
+def _previous_runtime(s: Session, last: PromotionRow) -> str:
+    """The runtime of the pairing that was champion before ``last``."""
+    before = s.scalar(
+        select(PromotionRow)
+        .where(PromotionRow.task_id == last.task_id, PromotionRow.id < last.id)
+        .order_by(PromotionRow.id.desc())
+        .limit(1)
+    )
+    return _promotion_runtime(s, before) if before else DEFAULT_RUNTIME
+
+
+def _servable_problem(
+    s: Session, task_row: TaskRow, cand: CandidateRow, runtime: str
+) -> str | None:
+    """Why ``runtime`` cannot serve this candidate, or None when it can."""
+    base = s.get(BaseModelRow, cand.base_model_id) if cand.base_model_id else None
+    if base is None:
+        return "it has no model to place on the fleet"
+    adapter = s.get(AdapterRow, cand.adapter_id) if cand.adapter_id else None
+    try:
+        check_servable(
+            runtime,
+            model=base.name,
+            model_runtimes=list(base.runtime_kinds),
+            adapter=adapter.name if adapter else None,
+            task_kind=task_row.kind,
+        )
+    except InvalidInput as exc:
+        return str(exc)
+    return None
+
+
 def promotion_entity(s: Session, r: PromotionRow) -> e.Promotion:
     task = s.get(TaskRow, r.task_id)
     cand = s.get(CandidateRow, r.candidate_id)
@@ -387,4 +528,5 @@ def promotion_entity(s: Session, r: PromotionRow) -> e.Promotion:
         r.created_at,
         placement.pinned,
         placement.replicas,
+        placement.runtime,
     )

@@ -82,6 +82,7 @@ def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementVa
         pinned=placement.pinned,
         replicas=placement.replicas,
         memory_bytes=memory_estimate(base, adapter),
+        runtime=placement.runtime,
     )
 
 

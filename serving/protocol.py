@@ -309,6 +309,9 @@ class PlacementValue:
     pinned: bool
     replicas: int
     memory_bytes: int
+    # The runtime kind that serves it ("torch", "candle", "http"); only workers of that kind
+    # run the task.
+    runtime: str = "torch"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ from registry import RegistryError
 from taskfleet import __version__
 from taskfleet.cli_eval import eval_app
 from taskfleet.cli_finetune import finetune_app
-from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up
+from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
 from taskfleet.cli_gateway import call, gateway
 from taskfleet.cli_promote import promote, promotions, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
@@ -42,6 +42,7 @@ app.add_typer(dlq_app, name="dlq")
 app.command("serve")(serve)
 app.command("gateway")(gateway)
 app.command("call")(call)
+app.command("worker")(worker)
 app.add_typer(placement_app, name="placement")
 app.add_typer(dlq_app, name="dlq")
 app.command("up")(up)

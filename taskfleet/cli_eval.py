@@ -7,6 +7,7 @@ exits non-zero; Ctrl-C exits 130 and records nothing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -23,6 +24,9 @@ from rich.table import Table
 from evals.runner import EvalPaths
 from registry.entities import EvalRun
 from taskfleet.context import get_settings, open_registry
+
+if TYPE_CHECKING:
+    from serving.runtime.remote import RuntimeTarget
 
 out = Console()
 
@@ -42,6 +46,28 @@ def _paths(data_dir: Path | None, suite_path: Path | None, mlflow: bool) -> Eval
         data_root=data_dir or settings.data_dir,
         suite_location=suite_path,
     )
+
+
+def runtime_target(
+    runtime: str, http_url: str | None, http_model: str | None, sidecar_bin: Path | None
+) -> RuntimeTarget:
+    """The runtime named on the command line; a bad combination is one clear error."""
+    from evals.errors import EvalError
+    from serving.runtime.remote import RuntimeTarget
+    from taskfleet.stack import StackError, find_sidecar_binary
+
+    if http_url and runtime != "http":
+        raise EvalError("--http-url is for --runtime http")
+    binary = None
+    if runtime in ("candle", "http"):
+        try:
+            binary = find_sidecar_binary(sidecar_bin)
+        except StackError as exc:
+            raise EvalError(str(exc)) from None
+    try:
+        return RuntimeTarget(runtime, binary, http_url, http_model)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def _ci(run: EvalRun, metric: str) -> str:
@@ -68,11 +94,28 @@ def eval_run(
         None, "--suite-path", help="The suite's own BEIR folder (overrides --data-dir)."
     ),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the run to MLflow."),
+    runtime: str = typer.Option(
+        "torch",
+        "--runtime",
+        help="Runtime to encode through: torch (in-process), candle (the sidecar's Candle "
+        "runtime) or http (an OpenAI-compatible engine, see --http-url). A placement on a "
+        "runtime is promoted only from a run through it.",
+    ),
+    http_url: str | None = typer.Option(
+        None, "--http-url", help="http runtime: the engine's base URL (e.g. http://127.0.0.1:7997)."
+    ),
+    http_model: str | None = typer.Option(
+        None, "--http-model", help="http runtime: the engine's model id (default: its only one)."
+    ),
+    sidecar_bin: Path | None = typer.Option(
+        None, "--sidecar-bin", help="taskfleet-sidecar binary for candle/http (default: found)."
+    ),
 ) -> None:
     """Evaluate one candidate and record the run (registry + MLflow)."""
     from evals.runner import run_eval
 
     reg = open_registry()
+    target = runtime_target(runtime, http_url, http_model, sidecar_bin)
     columns = (
         TextColumn("{task.description:<8}"),
         BarColumn(),
@@ -95,8 +138,9 @@ def eval_run(
             split=split,
             sample=sample,
             progress=progress,
+            runtime=target,
         )
-    out.print(f"eval run {run.id}: {task} / {run.candidate} on {run.split}")
+    out.print(f"eval run {run.id}: {task} / {run.candidate} on {run.split} via {run.runtime}")
     for metric in run.metrics:
         marker = " (main)" if metric == run.main_metric else ""
         out.print(f"  {metric}{marker}: {_ci(run, metric)}")
@@ -121,11 +165,14 @@ def eval_leaderboard(task: str = typer.Argument(..., help="Task name.")) -> None
         return
     ordered = sorted(board.values(), key=lambda r: -r.main_score)
     main = ordered[0].main_metric
-    table = Table("rank", "candidate", f"{main} [95% CI]", "items/s", "queries", "split", "run")
+    table = Table(
+        "rank", "candidate", "runtime", f"{main} [95% CI]", "items/s", "queries", "split", "run"
+    )
     for rank, run in enumerate(ordered, start=1):
         table.add_row(
             str(rank),
             run.candidate,
+            run.runtime or "-",
             _ci(run, run.main_metric),
             f"{run.cost.get('items_per_s', 0):.1f}",
             f"sample {run.sample_size}" if run.sample_size else "all",

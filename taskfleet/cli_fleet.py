@@ -248,6 +248,53 @@ def dlq_replay(
         out.print(f"#{o.seq} {o.task} -> {o.request_id}: {state}")
 
 
+# ---- one worker --------------------------------------------------------------------------
+def worker(
+    nats_url: str = typer.Option(
+        ..., "--nats-url", envvar="TASKFLEET_NATS_URL", help="NATS server or cluster URL."
+    ),
+    cache_dir: Path = typer.Option(
+        ...,
+        "--cache-dir",
+        help="This worker's own folder: the runtime socket and logs live here.",
+    ),
+    runtime: str = typer.Option("torch", "--runtime", help="torch, candle or http."),
+    worker_id: str | None = typer.Option(None, "--worker-id", help="Default: <host>-<pid>."),
+    memory_budget_mb: int = typer.Option(8192, "--memory-budget-mb", min=1),
+    device: str = typer.Option("cpu", help="torch runtime: device (cpu, cuda:0)."),
+    http_url: str | None = typer.Option(None, "--http-url", help="http runtime: engine URL."),
+    http_model: str | None = typer.Option(None, "--http-model", help="http runtime: model id."),
+    sidecar_bin: Path | None = typer.Option(None, help="taskfleet-sidecar binary to use."),
+) -> None:
+    """Run one worker: the sidecar and its runtime. Needs NATS and a cache dir, no database.
+
+    It serves the placements that name its runtime, until SIGTERM (in-flight batches finish)."""
+    from taskfleet.stack import REPO_ROOT, StackError, find_sidecar_binary, runtime_args
+
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        binary = find_sidecar_binary(sidecar_bin)
+        flags = runtime_args(
+            runtime,
+            device=device,
+            socket_path=cache_dir / "runtime.sock",
+            http_url=http_url,
+            http_model=http_model,
+        )
+    except (StackError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    command = [str(binary), "--nats-url", nats_url, *flags]
+    command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
+    if worker_id:
+        command += ["--worker-id", worker_id]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # The torch runtime is `python -m serving.runtime.server`: it must find the project.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    out.print(f"worker ({runtime}) -> {nats_url}; cache {cache_dir}")
+    # The sidecar takes this process's place: signals reach it directly.
+    os.execve(str(binary), command, env)
+
+
 # ---- the whole stack ---------------------------------------------------------------------
 def up(
     workers: int = typer.Option(1, "--workers", min=0, help="Sidecar+runtime pairs to start."),
@@ -265,8 +312,21 @@ def up(
         "--secure-cookies/--no-secure-cookies",
         help="Dashboard cookies over HTTPS only (default: TASKFLEET_SECURE_COOKIES, off).",
     ),
+    candle_workers: int = typer.Option(
+        0, "--candle-workers", min=0, help="Workers with the Candle runtime (no Python)."
+    ),
+    http_workers: int = typer.Option(
+        0, "--http-workers", min=0, help="Workers driving an OpenAI-compatible engine."
+    ),
+    http_url: str | None = typer.Option(
+        None, "--http-url", help="The engine's base URL for --http-workers."
+    ),
+    http_model: str | None = typer.Option(
+        None, "--http-model", help="The engine's model id (default: its only one)."
+    ),
 ) -> None:
-    """Start the whole fleet on this machine; Ctrl-C stops everything."""
+    """Start the whole fleet on this machine; Ctrl-C stops everything. `--workers` start torch
+    workers; a task is served by the workers of the runtime its placement names."""
     from taskfleet.stack import StackConfig, StackError, StackUrls, run_stack
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -284,6 +344,10 @@ def up(
         device=device,
         session_secret=settings.resolved_session_secret(),
         secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
+        candle_workers=candle_workers,
+        http_workers=http_workers,
+        http_url=http_url,
+        http_model=http_model,
     )
     state = stack_file()
 

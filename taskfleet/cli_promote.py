@@ -32,21 +32,33 @@ def promote(
     replicas: int | None = typer.Option(
         None, "--replicas", min=1, help="Workers that should serve it (default: as before; 1)."
     ),
+    runtime: str | None = typer.Option(
+        None,
+        "--runtime",
+        help="Serve it on this runtime (torch, candle, http); default: the runtime of its "
+        "latest eval run. Switching the champion's runtime needs an eval run through the new one.",
+    ),
 ) -> None:
-    """Make CANDIDATE the champion of TASK if the promotion rule allows it."""
+    """Make CANDIDATE (on a runtime) the champion of TASK if the promotion rule allows it."""
     reg = open_registry()
-    check = reg.check_promotion(task, candidate)
+    check = reg.check_promotion(task, candidate, runtime)
     out.print(
         f"rule: {'[green]passes[/green]' if check.passes else '[yellow]not met[/yellow]'} - "
         f"{check.reason}",
         highlight=False,
     )
     done = reg.promote(
-        task, candidate, reason=reason, override=override, pinned=pinned, replicas=replicas
+        task,
+        candidate,
+        reason=reason,
+        override=override,
+        pinned=pinned,
+        replicas=replicas,
+        runtime=runtime,
     )
     was = f" (was {done.previous_candidate})" if done.previous_candidate else ""
     out.print(
-        f"promoted [bold]{done.candidate}[/bold] to champion of {task}{was}; "
+        f"promoted [bold]{done.candidate}[/bold] on {done.runtime} to champion of {task}{was}; "
         f"placement epoch {done.epoch}. Watch the fleet converge: taskfleet placement ls",
         highlight=False,
     )
@@ -59,7 +71,8 @@ def rollback(
     """Return TASK to the champion it had before the current one."""
     done = open_registry().rollback(task, reason=reason)
     out.print(
-        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold]; "
+        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold] "
+        f"on {done.runtime}; "
         f"placement epoch {done.epoch}",
         highlight=False,
     )
@@ -67,13 +80,14 @@ def rollback(
 
 def promotions(task: str = typer.Argument(..., help="Task name.")) -> None:
     """The promotion history of TASK, newest first: who, when, why, which epoch."""
-    table = Table("when (UTC)", "kind", "from", "to", "who", "epoch", "why")
+    table = Table("when (UTC)", "kind", "from", "to", "runtime", "who", "epoch", "why")
     for p in open_registry().list_promotions(task):
         table.add_row(
             p.created_at.strftime("%Y-%m-%d %H:%M"),
             p.kind,
             p.previous_candidate or "-",
             p.candidate,
+            p.runtime,
             p.actor,
             str(p.epoch),
             p.reason,

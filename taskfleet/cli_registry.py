@@ -87,6 +87,11 @@ def model_add(
     ),
     query_prefix: str = typer.Option("", help="Text put before every query."),
     passage_prefix: str = typer.Option("", help="Text put before every passage."),
+    runtimes: list[str] = typer.Option(
+        ["torch"],
+        "--runtime",
+        help="A runtime that may serve it: torch, candle or http (repeat for several).",
+    ),
 ) -> None:
     """Register a base model; its weight files are fingerprinted (sha256)."""
     with out.status("fingerprinting weights..."):
@@ -96,16 +101,30 @@ def model_add(
             package=package,
             query_prefix=query_prefix,
             passage_prefix=passage_prefix,
+            runtime_kinds=runtimes,
         )
-    out.print(f"model [bold]{m.name}[/bold] added")
+    out.print(f"model [bold]{m.name}[/bold] added (runtimes: {', '.join(m.runtime_kinds)})")
     out.print(f"sha256 {m.sha256}")
     out.print(f"dims {m.dims}  max_seq_length {m.max_seq_length}  size {m.size_bytes:,} bytes")
+
+
+@model_app.command("runtimes")
+def model_runtimes(
+    name: str = typer.Argument(..., help="Model name."),
+    runtimes: list[str] = typer.Argument(
+        ..., help="Runtimes that may serve it (torch candle http)."
+    ),
+) -> None:
+    """Set which runtimes may serve a model. Placing it on one still needs an eval run through
+    that runtime and a promotion."""
+    m = open_registry().set_model_runtimes(name, runtimes)
+    out.print(f"model [bold]{m.name}[/bold] runtimes: {', '.join(m.runtime_kinds)}")
 
 
 @model_app.command("ls")
 def model_ls() -> None:
     """List base models."""
-    table = Table("model", "sha256", "dims", "max len", "size", "source")
+    table = Table("model", "sha256", "dims", "max len", "size", "runtimes", "source")
     for m in open_registry().list_models():
         source = f"package {m.package}" if m.package else (m.path or "-")
         table.add_row(
@@ -114,6 +133,7 @@ def model_ls() -> None:
             str(m.dims),
             str(m.max_seq_length),
             f"{m.size_bytes:,}",
+            ", ".join(m.runtime_kinds),
             source,
         )
     out.print(table)

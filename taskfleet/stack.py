@@ -64,6 +64,31 @@ def runtime_command(python: str = sys.executable, device: str = "cpu") -> str:
     return f"{shlex.quote(python)} -m serving.runtime.server --socket {{socket}} --device {device}"
 
 
+def runtime_args(
+    runtime: str,
+    *,
+    python: str = sys.executable,
+    device: str = "cpu",
+    socket_path: Path | None = None,
+    http_url: str | None = None,
+    http_model: str | None = None,
+) -> list[str]:
+    """The sidecar flags that give it its runtime: torch starts the Python runtime over a
+    socket; candle runs inside the sidecar; http drives the engine at ``http_url``."""
+    if runtime == "torch":
+        args = ["--runtime", "torch", "--runtime-cmd", runtime_command(python, device)]
+        return args + (["--runtime-socket", str(socket_path)] if socket_path else [])
+    if runtime == "candle":
+        return ["--runtime", "candle"]
+    if runtime == "http":
+        if not http_url:
+            raise StackError("http workers need the engine's base URL (--http-url)")
+        return ["--runtime", "http", "--http-base-url", http_url] + (
+            ["--http-model", http_model] if http_model else []
+        )
+    raise StackError(f"unknown runtime {runtime!r}; known: torch, candle, http")
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the stack dies without cleaning up (Linux;
     the signal follows the death of the thread that started the child: start from one that
@@ -86,6 +111,10 @@ class SidecarProcess:
     metrics_addr: str | None = None
     runtime_cmd: str = field(default_factory=runtime_command)
     extra_args: list[str] = field(default_factory=list)
+    # "torch" (the Python runtime from runtime_cmd) or "candle"/"http" (all in runtime_flags,
+    # from `runtime_args`).
+    runtime: str = "torch"
+    runtime_flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -102,12 +131,17 @@ class SidecarProcess:
         return self.process.pid if self.process else None
 
     def command(self) -> list[str]:
+        if self.runtime == "torch":
+            runtime = [
+                "--runtime-cmd", self.runtime_cmd, "--runtime-socket", str(self.socket_path)
+            ]  # fmt: skip
+        else:
+            runtime = self.runtime_flags
         return [
             str(self.binary),
             "--nats-url", self.nats_url,
             "--worker-id", self.worker_id,
-            "--runtime-cmd", self.runtime_cmd,
-            "--runtime-socket", str(self.socket_path),
+            *runtime,
             "--memory-budget-bytes", str(self.memory_budget_bytes),
             *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
             *self.extra_args,
@@ -194,6 +228,17 @@ class StackConfig:
     device: str = "cpu"
     session_secret: str | None = None  # None: sessions end with the process
     secure_cookies: bool = False
+    candle_workers: int = 0
+    http_workers: int = 0
+    http_url: str | None = None
+    http_model: str | None = None
+
+    def worker_kinds(self) -> list[tuple[str, int]]:
+        return [
+            ("torch", self.workers),
+            ("candle", self.candle_workers),
+            ("http", self.http_workers),
+        ]
 
 
 @dataclass(frozen=True)
@@ -232,12 +277,15 @@ async def run_stack(
     from serving.gateway.app import GatewaySettings, create_gateway
     from serving.placements import PlacementPublisher
 
-    if config.workers < 0:
-        raise StackError("--workers must be >= 0")
+    if any(count < 0 for _, count in config.worker_kinds()):
+        raise StackError("worker counts must be >= 0")
+    if config.http_workers and not config.http_url:
+        raise StackError("--http-workers needs --http-url (the engine's base URL)")
     for port in (config.port, config.control_port):
         if not port_free(config.host, port):
             raise StackError(f"port {config.host}:{port} is already in use; pick another")
-    binary = find_sidecar_binary(config.sidecar_binary) if config.workers else None
+    any_workers = any(count for _, count in config.worker_kinds())
+    binary = find_sidecar_binary(config.sidecar_binary) if any_workers else None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -278,19 +326,27 @@ async def run_stack(
 
         run_dir = config.home / "run"
         host = socket.gethostname().split(".")[0] or "local"
-        for i in range(config.workers):
-            assert binary is not None
-            sidecar = SidecarProcess(
-                binary=binary,
-                nats_url=nats_url,
-                worker_id=f"{host}-w{i}",
-                run_dir=run_dir,
-                memory_budget_bytes=config.memory_budget_bytes,
-                metrics_addr=f"{config.host}:{free_port(config.host)}",
-                runtime_cmd=runtime_command(device=config.device),
-            )
-            sidecar.start()
-            sidecars.append(sidecar)
+        for kind, count in config.worker_kinds():
+            for i in range(count):
+                assert binary is not None
+                sidecar = SidecarProcess(
+                    binary=binary,
+                    nats_url=nats_url,
+                    # torch workers keep the ids they had before runtimes existed
+                    worker_id=f"{host}-w{i}" if kind == "torch" else f"{host}-{kind}{i}",
+                    run_dir=run_dir,
+                    memory_budget_bytes=config.memory_budget_bytes,
+                    metrics_addr=f"{config.host}:{free_port(config.host)}",
+                    runtime_cmd=runtime_command(device=config.device),
+                    runtime=kind,
+                    runtime_flags=runtime_args(
+                        kind, http_url=config.http_url, http_model=config.http_model
+                    )
+                    if kind != "torch"
+                    else [],
+                )
+                sidecar.start()
+                sidecars.append(sidecar)
 
         await _wait_started(servers)
         gateway_url = f"http://{config.host}:{config.port}"

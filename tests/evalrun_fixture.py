@@ -16,6 +16,7 @@ def record_run(
     *,
     noise: float = 0.0,
     items_per_s: float = 100.0,
+    runtime: str | None = None,
 ) -> int:
     """Per-query nDCG@10 alternates level -/+ noise, so the paired bootstrap has spread."""
     per_query = {q: level + (noise if i % 2 else -noise) for i, q in enumerate(QUERIES)}
@@ -33,6 +34,7 @@ def record_run(
             ci={"ndcg_at_10": (mean - 0.02, mean + 0.02)},
             cost={"items_per_s": items_per_s},
             per_query=per_query,
+            runtime=runtime,
         )
     )
     return run.id

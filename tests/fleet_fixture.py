@@ -21,7 +21,7 @@ from serving.embedded_nats import EmbeddedNats, free_port
 from serving.fleet import FleetWatcher, decode_heartbeat
 from serving.nats_layout import ensure_layout
 from serving.placements import PlacementPublisher
-from taskfleet.stack import SidecarProcess, find_sidecar_binary
+from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
 
 T = TypeVar("T")
 
@@ -108,9 +108,12 @@ class LocalFleet:
         workers: int = 1,
         memory_budget_bytes: int = 1 << 30,
         sidecar_args: list[str] | None = None,
+        runtimes: list[str] | None = None,
     ) -> None:
+        """``runtimes``: the runtime of each worker (default: all torch)."""
         self.root = root
-        self.n_workers = workers
+        self.runtimes = runtimes or ["torch"] * workers
+        self.n_workers = len(self.runtimes)
         self.memory_budget_bytes = memory_budget_bytes
         self.sidecar_args = sidecar_args or [
             "--heartbeat-ms", "300",
@@ -152,7 +155,7 @@ class LocalFleet:
         self._threads.append(thread)
         self.gateway_url = f"http://127.0.0.1:{port}"
         binary = find_sidecar_binary()
-        for i in range(self.n_workers):
+        for i, runtime in enumerate(self.runtimes):
             sidecar = SidecarProcess(
                 binary=binary,
                 nats_url=self.nats.url,
@@ -162,6 +165,8 @@ class LocalFleet:
                 metrics_addr=f"127.0.0.1:{free_port()}",
                 extra_args=self.sidecar_args,
                 env={"RUST_LOG": "info,async_nats=warn"},
+                runtime=runtime,
+                runtime_flags=runtime_args(runtime) if runtime != "torch" else [],
             )
             sidecar.start()
             self.sidecars.append(sidecar)

@@ -143,6 +143,7 @@ def messages() -> dict[str, Any]:
             pinned=True,
             replicas=2,
             memory_bytes=91_163_136,
+            runtime="candle",
         ),
         "worker_heartbeat": p.WorkerHeartbeat(
             worker_id="w-host1-0",
