@@ -46,32 +46,37 @@ sysdeps:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$need; \
 	fi
 
+# The candle feature puts the Candle runtime in the binary (a worker without Python).
 sidecar: $(STAMP)
-	cd sidecar && cargo build --release --locked -q
+	cd sidecar && cargo build --release --locked -q --features candle
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	cd sidecar && cargo fmt --check
-	cd sidecar && cargo clippy --locked --all-targets -q -- -D warnings
+	cd sidecar && cargo clippy --locked --all-targets --features candle -q -- -D warnings
 
+# --release reuses the dependencies `make sidecar` compiled (candle is slow to build twice).
 test-rust: sidecar
-	cd sidecar && cargo test --locked -q
+	cd sidecar && cargo test --release --locked -q --features candle
 
+# Tests against the infinity-emb peer need its multi-GB environment: they run in `make bench`.
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -m "not infinity"
 
 test: lint test-rust test-python
 
 demo: $(STAMP) sidecar
 	$(PY) -m taskfleet.demo
 
-bench: $(STAMP) sidecar
+bench: $(STAMP) sidecar infinity
+	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
+	$(PY) benchmarks/runtimes.py
 	$(PY) benchmarks/eval_german_legal.py
 	$(PY) benchmarks/lora_german_legal.py
 	$(PY) benchmarks/serving_throughput.py
 	$(PY) benchmarks/reliability.py
 
 clean:
-	rm -rf $(VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(INFINITY_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,70 @@
+"""End to end: a fleet of one torch and one candle worker. A task promoted onto candle is
+served by the candle worker only, through the real gateway, with sentence-transformers'
+vectors; a runtime switch to torch (promoted from an eval run through torch) moves it, and the
+candle worker lets the task go."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serving.client import Client
+from tests.evalrun_fixture import record_run
+from tests.fleet_fixture import LocalFleet, wait_until
+from tests.nats_fixture import unique_task
+from tests.test_runtime_candle import TEXTS, sentence_transformers
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    stack = LocalFleet(tmp_path_factory.mktemp("fleet"), runtimes=["torch", "candle"]).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def serving_workers(fleet: LocalFleet, task: str) -> dict[str, list[str]]:
+    """runtime -> ids of live workers that run a loop for the task."""
+    found: dict[str, list[str]] = {}
+    for beat in fleet.heartbeats().values():
+        if task in beat.queue_depth:
+            for runtime in beat.runtimes:
+                found.setdefault(runtime, []).append(beat.worker_id)
+    return found
+
+
+def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path: Path) -> None:
+    reg = fleet.reg
+    task = unique_task("rt")
+    reg.add_task(task, suite="legal-suite")
+    reg.add_model(f"m-{task}", path=tiny_model_path, runtime_kinds=["torch", "candle"])
+    candidate = reg.add_candidate(task, base=f"m-{task}").name
+    record_run(reg, task, candidate, 0.3, runtime="candle")
+    first = reg.promote(task, candidate, reason="first champion, on candle")
+    assert first.runtime == "candle"
+    try:
+        fleet.serving(task, first.epoch, workers=1)
+    except AssertionError:
+        pytest.fail(f"no worker serves the task:\n{fleet.logs()}")
+    assert set(serving_workers(fleet, task)) == {"candle"}
+
+    expected = sentence_transformers(tiny_model_path, TEXTS)
+    with Client(fleet.gateway_url) as client:
+        result = client.embed_with_info(task, TEXTS, kind="passage")
+    np.testing.assert_allclose(result.vectors, expected, atol=1e-5)
+    assert result.epoch == first.epoch
+
+    # Back to torch: a promotion of the same candidate, from a run through torch.
+    record_run(reg, task, candidate, 0.3, runtime="torch")
+    switched = reg.promote(task, candidate, runtime="torch", reason="torch pool has room")
+    assert (switched.runtime, switched.previous_candidate) == ("torch", candidate)
+    wait_until(lambda: set(serving_workers(fleet, task)) == {"torch"}, timeout_s=40)
+    fleet.serving(task, switched.epoch, workers=1)
+    with Client(fleet.gateway_url) as client:
+        result = client.embed_with_info(task, TEXTS, kind="passage")
+    np.testing.assert_allclose(result.vectors, expected, atol=1e-5)
+    assert result.epoch == switched.epoch
