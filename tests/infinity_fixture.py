@@ -46,6 +46,7 @@ class InfinityServer:
             "--port", str(self.port),
             "--batch-size", str(self.batch_size),
             "--no-bettertransformer",
+            "--no-compile",
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 300.0) -> InfinityServer:
