@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import subprocess
@@ -35,8 +34,8 @@ from serving import protocol as p  # noqa: E402
 from serving.runtime.remote import RuntimeTarget, SocketClient  # noqa: E402
 from taskfleet.stack import find_sidecar_binary  # noqa: E402
 from tests.infinity_fixture import INFINITY_VENV, InfinityServer  # noqa: E402
+from tests.test_runtime_candle import gerlayqa_passages as passages  # noqa: E402
 
-SHARED_DATA = REPO.parent / "shared" / "data"
 CHUNK = 64
 
 
@@ -52,22 +51,14 @@ class Measured:
     ndcg: float | None = None
 
 
-def passages(n: int) -> list[str]:
-    texts = []
-    with (SHARED_DATA / "gerlayqa" / "beir" / "corpus.jsonl").open() as lines:
-        for line in lines:
-            row = json.loads(line)
-            texts.append((row.get("title", "") + " " + row["text"]).strip())
-            if len(texts) == n:
-                break
-    return texts
-
-
 def rss_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process and its children's current RSS, MiB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if ":" in line}
-    return int(fields["VmRSS"]) / 1024, int(fields["VmHWM"]) / 1024
+    """(VmRSS, VmHWM) of a process, MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0])  # kB
+    return fields["VmRSS"] / 1024, fields["VmHWM"] / 1024
 
 
 def du_mib(path: Path) -> float:

@@ -68,3 +68,50 @@ def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path:
         result = client.embed_with_info(task, TEXTS, kind="passage")
     np.testing.assert_allclose(result.vectors, expected, atol=1e-5)
     assert result.epoch == switched.epoch
+
+
+def test_taskfleet_worker_joins_with_its_runtime(fleet: LocalFleet, tmp_path: Path) -> None:
+    """`taskfleet worker` alone (NATS URL + cache dir, no database) beats as a candle worker."""
+    import os
+    import subprocess
+    import sys
+
+    assert fleet.nats is not None
+    worker_id = f"solo-{tmp_path.name[-8:]}".replace("_", "-")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "taskfleet", "worker", "--runtime", "candle",
+            "--nats-url", fleet.nats.url, "--cache-dir", str(tmp_path / "cache"),
+            "--worker-id", worker_id,
+        ],
+        env={**os.environ, "TASKFLEET_HOME": str(tmp_path / "no-home")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        beat = wait_until(lambda: fleet.heartbeats().get(worker_id), timeout_s=40)
+        assert beat.runtimes == ["candle"]
+        assert not (tmp_path / "no-home").exists(), "a worker needs no registry home"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_taskfleet_worker_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for args, message in (
+        (["--runtime", "onnx"], "unknown runtime 'onnx'"),
+        (["--runtime", "http"], "http workers need the engine's base URL"),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "taskfleet", "worker", "--nats-url", "nats://127.0.0.1:1",
+                "--cache-dir", str(tmp_path), *args,
+            ],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 1
+        assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -99,6 +99,40 @@ pub fn check_deadline(batch_id: &str, deadline_ms: Option<u64>) -> Result<()> {
     }
 }
 
+/// `MODEL_NOT_LOADED` (retryable: the sidecar loads it again) for an unknown model key.
+pub fn not_loaded(model_key: &str) -> Error {
+    failure(
+        "MODEL_NOT_LOADED",
+        format!("model {model_key:?} is not loaded"),
+        true,
+    )
+}
+
+/// A load of a key that is already loaded: nothing to do with the same spec (0 bytes added),
+/// refused with another one.
+pub fn reload(loaded: &LoadRequest, request: &LoadRequest) -> Result<u64> {
+    let same = LoadRequest {
+        id: 0,
+        ..loaded.clone()
+    };
+    if same
+        == (LoadRequest {
+            id: 0,
+            ..request.clone()
+        })
+    {
+        return Ok(0);
+    }
+    Err(failure(
+        "BAD_REQUEST",
+        format!(
+            "model key {:?} is already loaded with a different spec; unload it first",
+            request.model_key
+        ),
+        false,
+    ))
+}
+
 /// Packs row-major f32 vectors as the protocol's little-endian bytes.
 pub fn embeddings(dims: usize, rows: &[Vec<f32>]) -> Embeddings {
     let mut bytes = Vec::with_capacity(rows.len() * dims * 4);

@@ -32,6 +32,7 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         pinned: false,
         replicas: 1,
         memory_bytes: 1000,
+        runtime: "torch".into(),
     }
 }
 

@@ -25,8 +25,8 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use self::folder::{Pooling, SentenceFolder};
 use super::{
-    check_deadline, embeddings, failure, prefix, Backend, RuntimeInfo, RuntimeStats, CAP_EMBED,
-    CAP_LORA, CAP_MIXED_ADAPTERS,
+    check_deadline, embeddings, failure, not_loaded, prefix, reload, Backend, RuntimeInfo,
+    RuntimeStats, CAP_EMBED, CAP_LORA, CAP_MIXED_ADAPTERS,
 };
 use crate::error::{Error, Result};
 use crate::protocol::{Embeddings, InferItem, LoadRequest, ModelStats};
@@ -284,10 +284,6 @@ impl CandleRuntime {
     }
 }
 
-fn same_spec(a: &LoadRequest, b: &LoadRequest) -> bool {
-    LoadRequest { id: 0, ..a.clone() } == LoadRequest { id: 0, ..b.clone() }
-}
-
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
@@ -317,18 +313,7 @@ impl Backend for CandleRuntime {
             .expect("models lock")
             .get(&request.model_key)
         {
-            return if same_spec(&loaded.request, &request) {
-                Ok(0)
-            } else {
-                Err(failure(
-                    "BAD_REQUEST",
-                    format!(
-                        "model key {:?} is already loaded with a different spec; unload it first",
-                        request.model_key
-                    ),
-                    false,
-                ))
-            };
+            return reload(&loaded.request, &request);
         }
         let device = self.device.clone();
         let spec = request.clone();
@@ -361,11 +346,7 @@ impl Backend for CandleRuntime {
     async fn unload(&self, model_key: &str) -> Result<u64> {
         match self.models.lock().expect("models lock").remove(model_key) {
             Some(loaded) => Ok(loaded.encoder.memory_bytes),
-            None => Err(failure(
-                "MODEL_NOT_LOADED",
-                format!("model {model_key:?} is not loaded"),
-                true,
-            )),
+            None => Err(not_loaded(model_key)),
         }
     }
 
@@ -379,13 +360,9 @@ impl Backend for CandleRuntime {
         {
             let models = self.models.lock().expect("models lock");
             for item in items {
-                let loaded = models.get(&item.model_key).ok_or_else(|| {
-                    failure(
-                        "MODEL_NOT_LOADED",
-                        format!("model {:?} is not loaded", item.model_key),
-                        true,
-                    )
-                })?;
+                let loaded = models
+                    .get(&item.model_key)
+                    .ok_or_else(|| not_loaded(&item.model_key))?;
                 let prefix = prefix(&loaded.request, item.kind).to_string();
                 let texts: Vec<String> =
                     item.texts.iter().map(|t| format!("{prefix}{t}")).collect();

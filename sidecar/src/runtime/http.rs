@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::{
-    check_deadline, embeddings, failure, prefix, Backend, RuntimeInfo, RuntimeStats, CAP_EMBED,
+    check_deadline, embeddings, failure, not_loaded, prefix, reload, Backend, RuntimeInfo,
+    RuntimeStats, CAP_EMBED,
 };
 use crate::error::{Error, Result};
 use crate::protocol::{Embeddings, InferItem, LoadRequest, ModelStats};
@@ -285,18 +286,7 @@ impl Backend for HttpRuntime {
         {
             let models = self.models.lock().expect("models lock");
             if let Some(loaded) = models.get(&request.model_key) {
-                return if same_spec(&loaded.request, &request) {
-                    Ok(0)
-                } else {
-                    Err(failure(
-                        "BAD_REQUEST",
-                        format!(
-                            "model key {:?} is already loaded with a different spec",
-                            request.model_key
-                        ),
-                        false,
-                    ))
-                };
+                return reload(&loaded.request, &request);
             }
         }
         let remote_model = self.resolve_model().await?;
@@ -314,11 +304,7 @@ impl Backend for HttpRuntime {
     async fn unload(&self, model_key: &str) -> Result<u64> {
         match self.models.lock().expect("models lock").remove(model_key) {
             Some(_) => Ok(0),
-            None => Err(failure(
-                "MODEL_NOT_LOADED",
-                format!("model {model_key:?} is not loaded"),
-                true,
-            )),
+            None => Err(not_loaded(model_key)),
         }
     }
 
@@ -333,13 +319,9 @@ impl Backend for HttpRuntime {
         {
             let models = self.models.lock().expect("models lock");
             for item in &items {
-                let loaded = models.get(&item.model_key).ok_or_else(|| {
-                    failure(
-                        "MODEL_NOT_LOADED",
-                        format!("model {:?} is not loaded", item.model_key),
-                        true,
-                    )
-                })?;
+                let loaded = models
+                    .get(&item.model_key)
+                    .ok_or_else(|| not_loaded(&item.model_key))?;
                 let prefix = prefix(&loaded.request, item.kind);
                 let texts: Vec<String> =
                     item.texts.iter().map(|t| format!("{prefix}{t}")).collect();
@@ -387,10 +369,6 @@ impl Backend for HttpRuntime {
             queue_depth: self.in_flight.load(Ordering::Relaxed),
         })
     }
-}
-
-fn same_spec(a: &LoadRequest, b: &LoadRequest) -> bool {
-    LoadRequest { id: 0, ..a.clone() } == LoadRequest { id: 0, ..b.clone() }
 }
 
 #[cfg(test)]
