@@ -196,3 +196,26 @@ def test_cli_run_leaderboard_compare_report(
         assert r.returncode != 0, args
         assert "Traceback" not in r.stderr, args
         assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_a_candidate_is_scored_through_the_candle_runtime(
+    reg: Registry, beir: Path, tmp_path: Path
+) -> None:
+    """`eval run --runtime candle` scores through the sidecar's Candle backend: same metrics as
+    torch for the same weights, recorded with its runtime, in its own cache namespace."""
+    from evals.errors import CandidateError
+    from serving.runtime.remote import RuntimeTarget
+    from taskfleet.stack import find_sidecar_binary
+
+    paths = _paths(tmp_path, beir)
+    candle = RuntimeTarget("candle", find_sidecar_binary())
+    with pytest.raises(CandidateError, match="not marked as servable by the candle runtime"):
+        run_eval(reg, TASK, "tiny-base", paths, runtime=candle)
+    reg.set_model_runtimes("tiny", ["torch", "candle"])
+    torch_run = run_eval(reg, TASK, "tiny-base", paths)
+    candle_run = run_eval(reg, TASK, "tiny-base", paths, runtime=candle)
+    assert (torch_run.runtime, candle_run.runtime) == ("torch", "candle")
+    assert candle_run.cost["encoded_items"] > 0, "candle must not reuse torch's cached vectors"
+    assert abs(candle_run.main_score - torch_run.main_score) < 0.001
+    with pytest.raises(CandidateError, match="bm25 candidate has no model"):
+        run_eval(reg, TASK, "bm25", paths, runtime=candle)
