@@ -58,8 +58,9 @@ def promote(
     )
     was = f" (was {done.previous_candidate})" if done.previous_candidate else ""
     out.print(
-        f"promoted [bold]{done.candidate}[/bold] on {done.runtime} to champion of {task}{was}; "
-        f"placement epoch {done.epoch}. Watch the fleet converge: taskfleet placement ls",
+        f"promoted [bold]{done.candidate}[/bold] to champion of {task}{was}; "
+        f"placement epoch {done.epoch} on the {done.runtime} runtime. Watch the fleet converge: "
+        "taskfleet placement ls",
         highlight=False,
     )
 
@@ -71,9 +72,8 @@ def rollback(
     """Return TASK to the champion it had before the current one."""
     done = open_registry().rollback(task, reason=reason)
     out.print(
-        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold] "
-        f"on {done.runtime}; "
-        f"placement epoch {done.epoch}",
+        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold]; "
+        f"placement epoch {done.epoch} on the {done.runtime} runtime",
         highlight=False,
     )
 
