@@ -269,7 +269,13 @@ def worker(
     """Run one worker: the sidecar and its runtime. Needs NATS and a cache dir, no database.
 
     It serves the placements that name its runtime, until SIGTERM (in-flight batches finish)."""
-    from taskfleet.stack import REPO_ROOT, StackError, find_sidecar_binary, runtime_args
+    from taskfleet.stack import (
+        REPO_ROOT,
+        StackError,
+        check_sidecar_runtimes,
+        find_sidecar_binary,
+        runtime_args,
+    )
 
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -281,6 +287,7 @@ def worker(
             http_url=http_url,
             http_model=http_model,
         )
+        check_sidecar_runtimes(binary, [runtime])
     except (StackError, OSError) as exc:
         raise _fail(str(exc)) from None
     command = [str(binary), "--nats-url", nats_url, *flags]

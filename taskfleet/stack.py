@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -23,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,32 @@ def find_sidecar_binary(explicit: Path | None = None) -> Path:
         f"{SIDECAR_BINARY} not found (looked at {', '.join(str(c) for c in candidates)}); "
         "build it with `make sidecar` or point TASKFLEET_SIDECAR_BIN at it"
     )
+
+
+def sidecar_runtimes(binary: Path) -> set[str]:
+    """The runtimes built into a sidecar binary, from its ``--version`` line."""
+    try:
+        proc = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"{binary} --version failed: {exc}") from None
+    found = re.search(r"\(runtimes: ([a-z, ]+)\)", proc.stdout)
+    if found is None:
+        raise StackError(f"{binary} does not say which runtimes it has: {proc.stdout.strip()!r}")
+    return {kind.strip() for kind in found.group(1).split(",")}
+
+
+def check_sidecar_runtimes(binary: Path, kinds: Iterable[str]) -> None:
+    """Refuse, before any worker starts, runtimes the binary was built without."""
+    missing = sorted(set(kinds) - sidecar_runtimes(binary))
+    if "candle" in missing:
+        raise StackError(
+            f"{binary} was built without the candle runtime; build it with "
+            "`make sidecar-candle` (cargo build --release --features candle)"
+        )
+    if missing:
+        raise StackError(f"{binary} has no {', '.join(missing)} runtime")
 
 
 def runtime_command(python: str = sys.executable, device: str = "cpu") -> str:
@@ -286,6 +313,8 @@ async def run_stack(
             raise StackError(f"port {config.host}:{port} is already in use; pick another")
     any_workers = any(count for _, count in config.worker_kinds())
     binary = find_sidecar_binary(config.sidecar_binary) if any_workers else None
+    if binary is not None:
+        check_sidecar_runtimes(binary, [kind for kind, count in config.worker_kinds() if count])
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -115,3 +115,42 @@ def test_taskfleet_worker_refuses_bad_settings_in_one_line(tmp_path: Path) -> No
         )  # fmt: skip
         assert proc.returncode == 1
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_sidecar_without_candle_says_how_to_get_it(tiny_model_path: Path, tmp_path: Path) -> None:
+    """`make sidecar` (what make test builds) leaves the Candle runtime out. Asking it for one
+    fails at once with the command that builds it: the eval harness at start, `taskfleet worker`
+    and `taskfleet up` before any worker starts."""
+    import os
+    import subprocess
+    import sys
+
+    from serving.embedded_nats import free_port
+    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
+    from taskfleet.stack import find_sidecar_binary, sidecar_runtimes
+
+    binary = find_sidecar_binary()
+    if "candle" in sidecar_runtimes(binary):
+        pytest.skip("this sidecar was built with the candle feature (make sidecar-candle)")
+    assert sidecar_runtimes(binary) == {"torch", "http"}
+    with pytest.raises(RemoteRuntimeError, match="built without the candle runtime"):
+        RemoteEncoder(ModelSpec(base_path=tiny_model_path), RuntimeTarget("candle", binary))
+    port, control_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    env = {**os.environ, "TASKFLEET_HOME": str(tmp_path / "home")}
+    for command in (
+        [
+            "worker", "--runtime", "candle", "--nats-url", "nats://127.0.0.1:1",
+            "--cache-dir", str(tmp_path / "worker"),
+        ],
+        [
+            "up", "--workers", "0", "--candle-workers", "1",
+            "--port", str(port), "--control-port", str(control_port),
+        ],
+    ):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "taskfleet", *command],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 1, (command, proc.stderr)
+        assert "make sidecar-candle" in proc.stderr and "Traceback" not in proc.stderr, command

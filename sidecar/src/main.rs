@@ -19,6 +19,15 @@ use taskfleet_sidecar::runtime::{serve, Backend};
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
 use taskfleet_sidecar::{nats, placement, Error, Result};
 
+/// `--version` names the runtimes built in: `taskfleet up` reads it before it starts workers.
+#[cfg(feature = "candle")]
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (runtimes: torch, candle, http)"
+);
+#[cfg(not(feature = "candle"))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (runtimes: torch, http)");
+
 /// The taskfleet worker agent: pulls task requests from NATS JetStream, batches them by
 /// tokens, runs them on its model runtime and publishes the results. The runtime is one of:
 /// `torch` (a Python process over a Unix socket), `candle` (inside this binary, when built with
@@ -27,7 +36,7 @@ use taskfleet_sidecar::{nats, placement, Error, Result};
 ///
 /// Every flag can also be set by the environment variable named after it.
 #[derive(Debug, Parser)]
-#[command(name = "taskfleet-sidecar", version)]
+#[command(name = "taskfleet-sidecar", version = VERSION)]
 struct Cli {
     /// NATS server URL; the sidecar keeps retrying until it is reachable, and reconnects.
     #[arg(
@@ -241,7 +250,7 @@ fn candle_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
 fn candle_backend(_cli: &Cli) -> Result<Arc<dyn Backend>> {
     Err(Error::Config(
         "this sidecar was built without the candle runtime; build it with \
-         `cargo build --release --features candle` (what `make sidecar` does)"
+         `cargo build --release --features candle` (what `make sidecar-candle` does)"
             .into(),
     ))
 }
