@@ -12,12 +12,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install sysdeps sidecar infinity lint test test-python test-rust demo bench clean
+.PHONY: help install sysdeps sidecar sidecar-candle infinity lint test test-python test-rust \
+	test-candle demo bench clean
 
 help:
 	@echo "make demo   - install, start the embedded stack and run the main loop"
 	@echo "make test   - install and run lint, types and all tests"
-	@echo "make bench  - long measurements (writes reports/)"
+	@echo "make bench  - long measurements (writes reports/); runs make test-candle first"
+	@echo "make sidecar-candle - the sidecar with the Candle runtime (long build)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,8 +48,15 @@ sysdeps:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$need; \
 	fi
 
-# The candle feature puts the Candle runtime in the binary (a worker without Python).
+# The worker binary with the torch (socket) and http runtimes: what make test and demo need.
 sidecar: $(STAMP)
+	cd sidecar && cargo build --release --locked -q
+
+# The same binary with the Candle runtime inside (a worker without Python). A release build of
+# candle costs far more than the rest of the crate, so make test only checks it (clippy) and the
+# tests that run it are in test-candle (part of make bench). Same path as `make sidecar`: the
+# last of the two built is the binary `taskfleet` finds.
+sidecar-candle: $(STAMP)
 	cd sidecar && cargo build --release --locked -q --features candle
 
 lint: $(STAMP)
@@ -55,22 +64,30 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	cd sidecar && cargo fmt --check
+	cd sidecar && cargo clippy --locked --all-targets -q -- -D warnings
 	cd sidecar && cargo clippy --locked --all-targets --features candle -q -- -D warnings
 
-# --release reuses the dependencies `make sidecar` compiled (candle is slow to build twice).
+# --release reuses the dependencies `make sidecar` compiled.
 test-rust: sidecar
-	cd sidecar && cargo test --release --locked -q --features candle
+	cd sidecar && cargo test --release --locked -q
 
-# Tests against the infinity-emb peer need its multi-GB environment: they run in `make bench`.
+# Tests against the infinity-emb peer need its multi-GB environment, and the Candle runtime a
+# long release build: they run in `make bench`.
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q -m "not infinity"
+	$(VENV)/bin/pytest -q -m "not infinity and not candle"
+
+# The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
+# (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
+test-candle: $(STAMP) sysdeps sidecar-candle
+	cd sidecar && cargo test --release --locked -q --features candle
+	$(VENV)/bin/pytest -q -m candle
 
 test: lint test-rust test-python
 
 demo: $(STAMP) sidecar
 	$(PY) -m taskfleet.demo
 
-bench: $(STAMP) sidecar infinity
+bench: $(STAMP) infinity test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
 	$(PY) benchmarks/runtimes.py
 	$(PY) benchmarks/eval_german_legal.py

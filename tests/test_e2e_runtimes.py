@@ -37,6 +37,7 @@ def serving_workers(fleet: LocalFleet, task: str) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.candle
 def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path: Path) -> None:
     reg = fleet.reg
     task = unique_task("rt")
@@ -70,6 +71,7 @@ def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path:
     assert result.epoch == switched.epoch
 
 
+@pytest.mark.candle
 def test_taskfleet_worker_joins_with_its_runtime(fleet: LocalFleet, tmp_path: Path) -> None:
     """`taskfleet worker` alone (NATS URL + cache dir, no database) beats as a candle worker."""
     import os

@@ -198,6 +198,7 @@ def test_cli_run_leaderboard_compare_report(
         assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 
 
+@pytest.mark.candle
 def test_a_candidate_is_scored_through_the_candle_runtime(
     reg: Registry, beir: Path, tmp_path: Path
 ) -> None:

@@ -30,6 +30,9 @@ TEXTS = [
 ]
 
 
+pytestmark = pytest.mark.candle  # `make test-candle` builds the binary with the feature first
+
+
 def candle_target() -> RuntimeTarget:
     return RuntimeTarget("candle", find_sidecar_binary())
 
@@ -62,7 +65,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_sidecar_is_built_with_candle() -> None:
-    """`make sidecar` builds the candle feature; without it the runtime says how to get it."""
+    """`make sidecar-candle` builds the candle feature (what a binary without it says:
+    `test_e2e_runtimes.py::test_a_sidecar_without_candle_says_how_to_get_it`)."""
     proc = subprocess.run(
         [str(find_sidecar_binary()), "--help"], capture_output=True, text=True, timeout=30
     )
