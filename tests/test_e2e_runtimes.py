@@ -5,6 +5,11 @@ candle worker lets the task go."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +18,7 @@ import pytest
 
 from serving.client import Client
 from tests.evalrun_fixture import record_run
-from tests.fleet_fixture import LocalFleet, wait_until
+from tests.fleet_fixture import LocalFleet, free_port, wait_until
 from tests.nats_fixture import unique_task
 from tests.test_runtime_candle import TEXTS, sentence_transformers
 
@@ -74,10 +79,6 @@ def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path:
 @pytest.mark.candle
 def test_taskfleet_worker_joins_with_its_runtime(fleet: LocalFleet, tmp_path: Path) -> None:
     """`taskfleet worker` alone (NATS URL + cache dir, no database) beats as a candle worker."""
-    import os
-    import subprocess
-    import sys
-
     assert fleet.nats is not None
     worker_id = f"solo-{tmp_path.name[-8:]}".replace("_", "-")
     proc = subprocess.Popen(
@@ -101,9 +102,6 @@ def test_taskfleet_worker_joins_with_its_runtime(fleet: LocalFleet, tmp_path: Pa
 
 
 def test_taskfleet_worker_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     for args, message in (
         (["--runtime", "onnx"], "unknown runtime 'onnx'"),
         (["--runtime", "http"], "http workers need the engine's base URL"),
@@ -123,11 +121,6 @@ def test_a_sidecar_without_candle_says_how_to_get_it(tiny_model_path: Path, tmp_
     """`make sidecar` (what make test builds) leaves the Candle runtime out. Asking it for one
     fails at once with the command that builds it: the eval harness at start, `taskfleet worker`
     and `taskfleet up` before any worker starts."""
-    import os
-    import subprocess
-    import sys
-
-    from serving.embedded_nats import free_port
     from serving.runtime.encoder import ModelSpec
     from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
     from taskfleet.stack import find_sidecar_binary, sidecar_runtimes
@@ -138,7 +131,7 @@ def test_a_sidecar_without_candle_says_how_to_get_it(tiny_model_path: Path, tmp_
     assert sidecar_runtimes(binary) == {"torch", "http"}
     with pytest.raises(RemoteRuntimeError, match="built without the candle runtime"):
         RemoteEncoder(ModelSpec(base_path=tiny_model_path), RuntimeTarget("candle", binary))
-    port, control_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    port, control_port = free_port(), free_port()
     env = {**os.environ, "TASKFLEET_HOME": str(tmp_path / "home")}
     for command in (
         [
@@ -156,3 +149,51 @@ def test_a_sidecar_without_candle_says_how_to_get_it(tiny_model_path: Path, tmp_
         )  # fmt: skip
         assert proc.returncode == 1, (command, proc.stderr)
         assert "make sidecar-candle" in proc.stderr and "Traceback" not in proc.stderr, command
+
+
+@pytest.mark.candle
+def test_up_serves_a_task_from_candle_workers_alone(tmp_path: Path, tiny_model_path: Path) -> None:
+    """`taskfleet up --workers 0 --candle-workers 1`: no Python runtime anywhere, and a task
+    placed on candle is served by name with sentence-transformers' vectors."""
+
+    from registry import Registry
+    from tests.test_e2e_up import REPO, _env
+
+    home = tmp_path / "home"
+    task = unique_task("upcandle")
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    reg.add_task(task, suite="s")
+    reg.add_model("tiny", path=tiny_model_path, runtime_kinds=["torch", "candle"])
+    candidate = reg.add_candidate(task, base="tiny").name
+    placed = reg.promote(
+        task, candidate, override=True, reason="test: no eval run", runtime="candle"
+    )
+    assert placed.runtime == "candle"
+    reg.close()
+    port, control_port = free_port(), free_port()
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "0",
+             "--candle-workers", "1", "--no-auth", "--port", str(port),
+             "--control-port", str(control_port)],
+            cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=60)
+            workers = json.loads((home / "run" / "stack.json").read_text())["workers"]
+            assert len(workers) == 1 and workers[0].endswith("-candle0"), workers
+            with Client(f"http://127.0.0.1:{port}", max_retries=60) as client:
+                result = client.embed_with_info(task, TEXTS, kind="passage")
+            np.testing.assert_allclose(
+                result.vectors, sentence_transformers(tiny_model_path, TEXTS), atol=1e-5
+            )
+            assert result.epoch == placed.epoch
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = None
+    assert code == 0, log_path.read_text()[-3000:]
