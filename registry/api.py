@@ -4,6 +4,9 @@ one public error shape of `httpapi`; the dashboard shows people the same facts a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from fastapi import FastAPI
 
 from httpapi.docs import mount_docs
@@ -25,9 +28,11 @@ def create_app(
     session_secret: str | None = None,
     secure_cookies: bool = False,
     throttle: LoginThrottle | None = None,
+    health: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
-    process); `secure_cookies` marks them `Secure` (send them over HTTPS only)."""
+    process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
+    what the shell knows (e.g. whether this process publishes placements) to /healthz."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -41,8 +46,8 @@ def create_app(
     app.include_router(router)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", **(health() if health else {})}
 
     mount_dashboard(app, control, session_secret=session_secret, secure_cookies=secure_cookies)
     mount_docs(app)

@@ -71,8 +71,11 @@ class FleetWatcher:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> None:
-        nc = await connect_forever(self.nats_url, self._stop, name="taskfleet-fleet-watcher")
+    async def run(self, nc: NATS | None = None) -> None:
+        """Until :meth:`stop`; on the caller's connection ``nc`` (left open) when given."""
+        own = nc is None
+        if nc is None:
+            nc = await connect_forever(self.nats_url, self._stop, name="taskfleet-fleet-watcher")
         if nc is None:
             return
         backoff = self.flush_interval_s
@@ -92,7 +95,8 @@ class FleetWatcher:
         finally:
             with contextlib.suppress(RegistryError):
                 await self._flush()
-            await nc.close()
+            if own:
+                await nc.close()
 
     async def _watch(self, kv: KeyValue, nc: NATS) -> None:
         """Until stop or a reconnect: a watch does not survive a server restart, so a

@@ -34,6 +34,10 @@ DLQ_SUBJECT_PREFIX = "dlq."
 PLACEMENTS_BUCKET = "placements"
 WORKERS_BUCKET = "workers"
 PAYLOADS_BUCKET = "payloads"
+# The control planes' leader lock (serving/leader.py) and what the leader publishes for gateways
+# (serving/directory.py): tasks and API-key digests, so no gateway reads the database.
+LEADER_BUCKET = "leader"
+DIRECTORY_BUCKET = "directory"
 CONSUMER_PREFIX = "task_"
 # Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.
 REPLY_SUBJECT_PREFIX = "_tf.reply."
@@ -55,6 +59,9 @@ WORKERS_TTL_S = 15.0
 ACK_WAIT_S = 10.0
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
 MAX_DELIVER = 5
+# A leader that stops renewing its lock (killed, cut off from NATS) loses it this long after its
+# last renewal; a standby control plane then takes over. The bucket's TTL, fixed at creation.
+LEADER_TTL_S = 10.0
 
 # Task names become subject tokens and consumer names (same rule as the sidecar).
 _TASK_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -71,6 +78,8 @@ class Layout:
     placements: KeyValue
     workers: KeyValue
     payloads: ObjectStore
+    leader: KeyValue
+    directory: KeyValue
 
 
 async def kv_values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
@@ -217,6 +226,19 @@ async def ensure_layout(js: JetStreamContext, tasks: list[str] | tuple[str, ...]
         ),
     )
     payloads = await _ensure_object_store(js, PAYLOADS_BUCKET)
+    leader = await _ensure_kv(
+        js,
+        KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=LEADER_TTL_S, storage=StorageType.FILE),
+    )
+    directory = await _ensure_kv(
+        js, KeyValueConfig(bucket=DIRECTORY_BUCKET, history=1, storage=StorageType.FILE)
+    )
     for task in tasks:
         await ensure_task_consumer(js, task)
-    return Layout(placements=placements, workers=workers, payloads=payloads)
+    return Layout(
+        placements=placements,
+        workers=workers,
+        payloads=payloads,
+        leader=leader,
+        directory=directory,
+    )

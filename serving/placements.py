@@ -13,6 +13,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -163,9 +164,12 @@ class PlacementPublisher:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> None:
-        """Until :meth:`stop`: connect (retrying), then publish every poll interval."""
-        nc = await connect_forever(self.nats_url, self._stop, name="taskfleet-publisher")
+    async def run(self, nc: NATS | None = None) -> None:
+        """Until :meth:`stop`: connect (retrying), then publish every poll interval. On a
+        connection ``nc`` given by the caller (the leader's), which it leaves open."""
+        own = nc is None
+        if nc is None:
+            nc = await connect_forever(self.nats_url, self._stop, name="taskfleet-publisher")
         if nc is None:
             return
         backoff = self.poll_interval_s
@@ -182,7 +186,8 @@ class PlacementPublisher:
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, self.max_backoff_s)
         finally:
-            await nc.close()
+            if own:
+                await nc.close()
 
     def _log(self, result: PublishResult) -> None:
         for task, epoch in result.published:

@@ -1,10 +1,24 @@
-"""`taskfleet serve`: the control plane (REST API + dashboard) on one port."""
+"""`taskfleet serve`: the control plane (REST API + dashboard) on one port, and its NATS side.
+
+Beside the HTTP app it runs the control loops (`serving/control.py`): placement publisher,
+fleet watcher and directory publisher, on the one control plane that leads when several run.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import signal
+
 import typer
+from rich.console import Console
 
 from taskfleet.context import get_settings, open_registry
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+out = Console()
 
 
 def serve(
@@ -18,17 +32,68 @@ def serve(
         "--secure-cookies/--no-secure-cookies",
         help="Dashboard cookies over HTTPS only (default: TASKFLEET_SECURE_COOKIES, off).",
     ),
+    nats_url: str | None = typer.Option(
+        None,
+        "--nats-url",
+        help="NATS server/cluster the fleet runs on (env TASKFLEET_NATS_URL; default: the NATS "
+        f"of a running `taskfleet up` on this home, else {DEFAULT_NATS_URL}).",
+    ),
+    publish: bool = typer.Option(
+        True,
+        "--publish/--no-publish",
+        help="Publish placements and mirror the fleet (one leader among all control planes "
+        "on this NATS). --no-publish: the HTTP side only.",
+    ),
 ) -> None:
-    """Run the control plane: REST API (OpenAPI docs at /docs) and the web dashboard (/)."""
-    import uvicorn
+    """Run the control plane: REST API (OpenAPI docs at /docs), the web dashboard (/) and,
+    unless --no-publish, the placement publisher and fleet watcher.
 
+    Any number may run against one NATS and one database: one leads (a lock in NATS KV),
+    the others stand by and take over when it dies. While NATS is unreachable the dashboard
+    and REST API keep serving from the database; publishing waits for NATS.
+    """
     from registry.api import create_app
+    from serving.control import ControlLoops
+    from taskfleet.cli_fleet import nats_url_or_none
+    from taskfleet.stack import QuietServer
 
     settings = get_settings()
+    registry = open_registry()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    loops: ControlLoops | None = None
+    if publish:
+        url = nats_url or nats_url_or_none() or DEFAULT_NATS_URL
+        loops = ControlLoops(registry, url, announce=_say)
     app = create_app(
-        open_registry(),
+        registry,
         require_auth=auth,
         session_secret=settings.resolved_session_secret(),
         secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
+        health=loops.describe if loops else (lambda: {"publisher": "off"}),
     )
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    server = QuietServer(app, host, port, log_level="info")
+    if loops is None:
+        _say(
+            "not publishing (--no-publish): promotions reach the fleet through another "
+            "control plane"
+        )
+
+    async def main() -> None:
+        # One handler for both parts: the server stops, then the loops (which hand the lead on).
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        running = asyncio.create_task(loops.run()) if loops else None
+        try:
+            await server.serve()
+        finally:
+            if loops is not None and running is not None:
+                loops.stop()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(running, 15)
+
+    asyncio.run(main())
+
+
+def _say(message: str) -> None:
+    out.print(f"control plane: {message}", markup=False, highlight=False, soft_wrap=True)

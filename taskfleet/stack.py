@@ -1,10 +1,11 @@
 """`taskfleet up`: the whole fleet on one machine, in one process tree.
 
 Starts, in order: nats-server (embedded, unless a URL is given), the NATS layout, the control
-plane and the gateway (two uvicorn servers in this event loop), the placement publisher and the
-fleet watcher, and N sidecars that each start and supervise their own Python runtime. Every
-child process it starts (nats-server, the sidecars) is supervised: one that dies is started
-again, at once the first time and with a growing back-off while it keeps dying. Ctrl-C or
+plane and the gateway (two uvicorn servers in this event loop), the control plane's NATS side
+(`serving/control.py`: leader lock, placement publisher, fleet watcher), and N sidecars that
+each start and supervise their own Python runtime. Every child process it starts (nats-server,
+the sidecars) is supervised: one that dies is started again, at once the first time and with a
+growing back-off while it keeps dying. Ctrl-C or
 SIGTERM stops them in reverse order; every child runs in its own process group which is killed
 at the end, so no runtime outlives the stack.
 """
@@ -281,9 +282,9 @@ class StackUrls:
 class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the stack (one handler for all parts)."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+    def __init__(self, app: Any, host: str, port: int, log_level: str = "warning") -> None:
         super().__init__(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
         )
 
     @contextlib.contextmanager
@@ -299,10 +300,9 @@ async def run_stack(
 ) -> None:
     """Run until SIGINT/SIGTERM (or ``stop``); everything started is stopped on the way out."""
     from registry.api import create_app
+    from serving.control import ControlLoops
     from serving.embedded_nats import EmbeddedNats, free_port
-    from serving.fleet import FleetWatcher
     from serving.gateway.app import GatewaySettings, create_gateway
-    from serving.placements import PlacementPublisher
 
     if any(count < 0 for _, count in config.worker_kinds()):
         raise StackError("worker counts must be >= 0")
@@ -324,8 +324,7 @@ async def run_stack(
     sidecars: list[SidecarProcess] = []
     tasks: list[asyncio.Task[None]] = []
     servers: list[QuietServer] = []
-    publisher: PlacementPublisher | None = None
-    watcher: FleetWatcher | None = None
+    control_loops: ControlLoops | None = None
     try:
         if config.nats_url:
             nats_url = config.nats_url
@@ -335,11 +334,15 @@ async def run_stack(
             nats_url = nats_server.url
         await _ensure_layout(nats_url)
 
+        # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
+        # control plane on this NATS already does.
+        control_loops = ControlLoops(registry, nats_url)
         control = create_app(
             registry,
             require_auth=config.require_auth,
             session_secret=config.session_secret,
             secure_cookies=config.secure_cookies,
+            health=control_loops.describe,
         )
         gateway = create_gateway(
             registry, nats_url, GatewaySettings(require_auth=config.require_auth)
@@ -349,9 +352,7 @@ async def run_stack(
             QuietServer(gateway, config.host, config.port),
         ]
         tasks += [asyncio.create_task(s.serve()) for s in servers]
-        publisher = PlacementPublisher(registry, nats_url)
-        watcher = FleetWatcher(registry, nats_url)
-        tasks += [asyncio.create_task(publisher.run()), asyncio.create_task(watcher.run())]
+        tasks.append(asyncio.create_task(control_loops.run()))
 
         run_dir = config.home / "run"
         host = socket.gethostname().split(".")[0] or "local"
@@ -397,9 +398,8 @@ async def run_stack(
         for server in servers:
             server.should_exit = True
         await asyncio.gather(*(asyncio.to_thread(s.stop) for s in sidecars))
-        for loop_ in (publisher, watcher):
-            if loop_ is not None:
-                loop_.stop()
+        if control_loops is not None:
+            control_loops.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
         if nats_server is not None:
