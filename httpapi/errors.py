@@ -102,7 +102,9 @@ CODES: dict[ErrorCode, CodeInfo] = {
     _C.NOT_PLACED: CodeInfo(503, True, "the task has no placement yet (no champion)"),
     _C.NO_WORKER: CodeInfo(503, True, "no live worker serves the task"),
     _C.QUEUE_UNAVAILABLE: CodeInfo(503, True, "the gateway is not connected to NATS"),
-    _C.NOT_READY: CodeInfo(503, True, "readiness probe: not connected to NATS"),
+    _C.NOT_READY: CodeInfo(
+        503, True, "not connected to NATS, or the control plane's directory not yet received"
+    ),
     _C.DATABASE_ERROR: CodeInfo(503, True, "the registry database cannot be reached"),
     _C.MODEL_NOT_LOADED: CodeInfo(503, True, "the worker is still loading the model"),
     _C.OUT_OF_MEMORY: CodeInfo(503, True, "the worker ran out of memory for the batch"),

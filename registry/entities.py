@@ -175,6 +175,14 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
+class ApiKeyDigest:
+    """A key with the sha256 of its token, as published for the gateways."""
+
+    key: ApiKey
+    secret_hash: str
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     id: int
     actor: str

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
 from sqlalchemy import select
 
+from httpapi.tokens import TOKEN_PREFIX, bearer_token, key_prefix, token_hash, token_matches
 from registry import entities as e
 from registry.base import ServiceBase
 from registry.catalog import check_name
@@ -15,25 +14,8 @@ from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticat
 from registry.models import ApiKeyRow, utcnow
 
 ROLES = ("viewer", "promoter", "admin", "caller")
-TOKEN_PREFIX = "tfk"
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive,
-    RFC 9110), or None when the header is absent or names another scheme."""
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
-
-
-def key_prefix(token: str) -> str | None:
-    """The public prefix of a well-formed token (`tfk_<prefix>_<secret>`), else None."""
-    parts = token.split("_", 2)
-    return parts[1] if len(parts) == 3 and parts[0] == TOKEN_PREFIX and parts[1] else None
-
-
-def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+# The token helpers live in `httpapi.tokens` (the gateway reads tokens without a registry).
+__all__ = ["ROLES", "TOKEN_PREFIX", "ApiKeyMixin", "api_key_entity", "bearer_token", "key_prefix"]
 
 
 class ApiKeyMixin(ServiceBase):
@@ -61,7 +43,7 @@ class ApiKeyMixin(ServiceBase):
             row = ApiKeyRow(
                 name=name,
                 prefix=prefix,
-                secret_hash=_hash(token),
+                secret_hash=token_hash(token),
                 roles=sorted(set(roles)),
                 tasks=sorted(set(tasks or [])),
                 rate_limit_per_s=rate_limit_per_s,
@@ -78,7 +60,7 @@ class ApiKeyMixin(ServiceBase):
             raise Unauthenticated("malformed API key")
         with self._read() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))
-            if row is None or not hmac.compare_digest(row.secret_hash, _hash(token)):
+            if row is None or not token_matches(token, row.secret_hash):
                 raise Unauthenticated("unknown API key")
             if row.revoked_at is not None:
                 raise Unauthenticated(f"API key {row.name!r} was revoked")
@@ -112,6 +94,13 @@ class ApiKeyMixin(ServiceBase):
             return [
                 api_key_entity(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
             ]
+
+    def api_key_digests(self) -> list[e.ApiKeyDigest]:
+        """Every key with the sha256 of its token: what gateways verify keys against (the
+        control plane publishes it to NATS; the plain token is never stored anywhere)."""
+        with self._read() as s:
+            rows = s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
+            return [e.ApiKeyDigest(api_key_entity(r), r.secret_hash) for r in rows]
 
 
 def _check_quota(rate_limit_per_s: float | None, rate_burst: int | None) -> None:

@@ -4,6 +4,8 @@ Promotion writes a new placement epoch in the registry (one transaction). The pu
 then pushes every unpublished epoch into KV ``placements`` and marks it published. It never
 writes an epoch over a newer one (two publishers, or an operator's put, may race), and it keeps
 retrying with backoff while NATS or the database is down, so nothing promoted is left behind.
+Each pass also keeps KV ``directory`` (tasks and API-key digests, ``serving/directory.py``)
+equal to the registry, so gateways need no database.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -22,6 +25,7 @@ from registry import Registry, RegistryError
 from registry import entities as e
 from serving import protocol as p
 from serving.connection import connect_forever
+from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout
 
 log = logging.getLogger("taskfleet.publisher")
@@ -143,8 +147,21 @@ async def publish_pending(registry: Registry, kv: KeyValue) -> PublishResult:
     return result
 
 
+async def publish_everything(
+    registry: Registry, js: JetStreamContext, *, prune: bool = True
+) -> PublishResult:
+    """One full pass of what a leading control plane publishes: the placement outbox and the
+    whole directory (read back from NATS and corrected; see ``publish_directory``)."""
+    layout = await ensure_layout(js)
+    result = await publish_pending(registry, layout.placements)
+    desired = await asyncio.to_thread(desired_entries, registry)
+    await publish_directory(js, layout.directory, desired, None, prune=prune)
+    return result
+
+
 class PlacementPublisher:
-    """The outbox loop: polls the registry, publishes, backs off while anything is down."""
+    """The outbox loop: polls the registry, publishes placements (and keeps KV `directory`
+    equal to the registry's tasks and keys), backs off while anything is down."""
 
     def __init__(
         self,
@@ -153,9 +170,12 @@ class PlacementPublisher:
         *,
         poll_interval_s: float = 0.5,
         max_backoff_s: float = 15.0,
+        directory: bool = True,
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
+        # Also keep KV `directory` (tasks, API-key digests) equal to the registry's.
+        self.directory = directory
         self.poll_interval_s = poll_interval_s
         self.max_backoff_s = max_backoff_s
         self._stop = asyncio.Event()
@@ -176,9 +196,14 @@ class PlacementPublisher:
         try:
             while not self._stop.is_set():
                 try:
-                    kv = (await ensure_layout(nc.jetstream())).placements
+                    js = nc.jetstream()
+                    layout = await ensure_layout(js)
+                    known: dict[str, bytes] | None = None  # read afresh after every failure
                     while not self._stop.is_set():
-                        self._log(await publish_pending(self.registry, kv))
+                        self._log(await publish_pending(self.registry, layout.placements))
+                        if self.directory:
+                            desired = await asyncio.to_thread(desired_entries, self.registry)
+                            known = await publish_directory(js, layout.directory, desired, known)
                         backoff = self.poll_interval_s
                         await self._sleep(self.poll_interval_s)
                 except (NatsError, OSError, TimeoutError, RegistryError) as exc:

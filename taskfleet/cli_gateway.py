@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from taskfleet.context import get_settings, open_registry
+from taskfleet.context import get_settings
 
 DEFAULT_GATEWAY_PORT = 8700
 DEFAULT_GATEWAY_URL = f"http://127.0.0.1:{DEFAULT_GATEWAY_PORT}"
@@ -73,7 +73,12 @@ def gateway(
         True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
     ),
 ) -> None:
-    """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics)."""
+    """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics).
+
+    It needs NATS only, no database: API keys and tasks come from what the leading control
+    plane (`taskfleet serve` or `up`) publishes to NATS, placements and live workers from
+    NATS KV. Run as many as you like behind a load balancer; /readyz says when one is ready.
+    """
     import uvicorn
 
     from serving.gateway import GatewaySettings, create_gateway
@@ -84,5 +89,5 @@ def gateway(
             "the gateway needs a NATS server: give --nats-url or set TASKFLEET_NATS_URL",
             param_hint="--nats-url",
         )
-    app = create_gateway(open_registry(), url, GatewaySettings(require_auth=auth))
+    app = create_gateway(url, GatewaySettings(require_auth=auth))
     uvicorn.run(app, host=host, port=port, log_level="info")

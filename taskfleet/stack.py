@@ -344,9 +344,7 @@ async def run_stack(
             secure_cookies=config.secure_cookies,
             health=control_loops.describe,
         )
-        gateway = create_gateway(
-            registry, nats_url, GatewaySettings(require_auth=config.require_auth)
-        )
+        gateway = create_gateway(nats_url, GatewaySettings(require_auth=config.require_auth))
         servers = [
             QuietServer(control, config.host, config.control_port),
             QuietServer(gateway, config.host, config.port),

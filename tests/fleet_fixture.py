@@ -143,7 +143,6 @@ class LocalFleet:
         self._start_control_loops()
         port = free_port()
         app = create_gateway(
-            self.registry,
             self.nats.url,
             GatewaySettings(require_auth=False, workers_refresh_s=0.2, retry_after_s=1),
         )

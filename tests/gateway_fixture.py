@@ -33,6 +33,7 @@ from registry import Registry
 from serving import nats_layout
 from serving.embedded_nats import free_port
 from serving.gateway import GatewaySettings, create_gateway
+from serving.placements import publish_everything
 from serving.protocol import (
     ErrorInfo,
     PayloadRef,
@@ -242,9 +243,15 @@ class Stack:
     def task(self, *, placed: bool = True, worker: bool = False) -> str:
         name = f"t-{uuid.uuid4().hex[:10]}"
         add_placed_task(self.registry, self.tmp, name, placed=placed)
+        self.sync()
         if worker:
             self.loop.run(put_heartbeat(self.nats_url, name, f"w-{name}"))
         return name
+
+    def sync(self) -> None:
+        """Publish what the registry holds (as the leading control plane would) and wait
+        until the gateway has seen it: after a registry change, before a request."""
+        sync_gateway(self.url, self.registry, self.nats_url, self.loop)
 
     def responder(self, task: str, **options: Any) -> Responder:
         peer = Responder(self.nats_url, task, **options)
@@ -258,8 +265,9 @@ def gateway_stack(nats_url: str, tmp: Path, settings: GatewaySettings) -> Iterat
     registry = open_registry(tmp)
     loop = BackgroundLoop()
     try:
-        with serve_app(create_gateway(registry, nats_url, settings)) as url:
+        with serve_app(create_gateway(nats_url, settings)) as url:
             wait_ready(url)
+            sync_gateway(url, registry, nats_url, loop)
             yield Stack(url, nats_url, registry, tmp, loop, settings.gateway_id)
     finally:
         loop.close()
@@ -276,6 +284,35 @@ def nats_and_gateway(
         gateway_stack(server.url, tmp_path_factory.mktemp("gateway"), settings) as stack,
     ):
         yield stack
+
+
+async def publish_registry(registry: Registry, nats_url: str) -> dict[str, int]:
+    """One publisher pass (placements and the directory, adding only: other tests' registries
+    may publish to the same server); returns each bucket's newest sequence afterwards."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await publish_everything(registry, js, prune=False)
+        buckets = (nats_layout.DIRECTORY_BUCKET, nats_layout.PLACEMENTS_BUCKET)
+        return {b: (await js.stream_info(f"KV_{b}")).state.last_seq for b in buckets}
+    finally:
+        await nc.close()
+
+
+def sync_gateway(
+    url: str, registry: Registry, nats_url: str, loop: BackgroundLoop, timeout_s: float = 20
+) -> None:
+    """Publish ``registry`` and wait until the gateway at ``url`` has seen all of it."""
+    published = loop.run(publish_registry(registry, nats_url))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(f"{url}/readyz")
+        seen = response.json().get("view", {}).get("revisions", {})
+        if response.status_code == 200 and all(seen.get(b, 0) >= n for b, n in published.items()):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gateway at {url} saw {seen}, not {published}")
+        time.sleep(0.02)
 
 
 def wait_ready(url: str, timeout_s: float = 20) -> None:

@@ -45,6 +45,13 @@ class PostgresServer:
         return ["runuser", "-u", "postgres", "--", *args] if self.as_root else list(args)
 
     def start(self) -> str:
+        """Start the server (initialising its data folder the first time; a server stopped
+        with :meth:`halt` starts again on the same port with the same databases)."""
+        if not (self.datadir / "PG_VERSION").is_file():
+            self._initdb()
+        return self._run()
+
+    def _initdb(self) -> None:
         if self.as_root:
             shutil.chown(self.datadir, "postgres", "postgres")
         subprocess.run(
@@ -62,6 +69,8 @@ class PostgresServer:
             check=True,
             capture_output=True,
         )
+
+    def _run(self) -> str:
         self.proc = subprocess.Popen(
             self._cmd(
                 str(self.bindir / "postgres"),
@@ -105,6 +114,14 @@ class PostgresServer:
         ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def halt(self) -> None:
+        """Stop the server as an outage would (fast shutdown, open connections cut), keeping
+        its data: :meth:`start` brings it back."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -127,6 +127,7 @@ def test_api_keys_are_checked(auth_stack: Stack) -> None:
     _, caller = registry.create_api_key("app", roles=["caller"], tasks=[task])
     _, viewer = registry.create_api_key("looker", roles=["viewer"])
     _, elsewhere = registry.create_api_key("other-app", roles=["caller"], tasks=[other])
+    auth_stack.sync()
     peer = auth_stack.responder(task)
     try:
         for key, status in [(None, 401), ("tfk_nope_nope", 401), (viewer, 403), (elsewhere, 403)]:
@@ -137,6 +138,7 @@ def test_api_keys_are_checked(auth_stack: Stack) -> None:
         with Client(auth_stack.url, api_key=caller) as client:
             np.testing.assert_array_equal(client.embed(task, ["x"]), expected(["x"]))
         registry.revoke_api_key("app")
+        auth_stack.sync()
         with Client(auth_stack.url, api_key=caller) as client, pytest.raises(AuthError):
             client.embed(task, ["x"])
     finally:
@@ -148,6 +150,7 @@ def test_openai_client_sends_its_api_key(auth_stack: Stack) -> None:
 
     task = auth_stack.task()
     _, token = auth_stack.registry.create_api_key("openai-app", roles=["caller"])
+    auth_stack.sync()
     peer = auth_stack.responder(task)
     try:
         client = OpenAI(base_url=f"{auth_stack.url}/v1", api_key=token, max_retries=0)

@@ -82,6 +82,7 @@ def test_key_over_its_quota_gets_429_with_retry_after(stack: Stack) -> None:
         "metered", roles=["caller"], rate_limit_per_s=0.5, rate_burst=2
     )
     _, free = stack.registry.create_api_key("unmetered", roles=["caller"])
+    stack.sync()
     try:
         assert [_post(stack, task, token).status_code for _ in range(2)] == [200, 200]
         refused = _post(stack, task, token)
@@ -106,8 +107,9 @@ def test_key_over_its_quota_gets_429_with_retry_after(stack: Stack) -> None:
             assert client.embed(task, "später").shape == (1, 4)
         assert time.monotonic() - began >= 0.5
 
-        # The quota is the registry's: removing it lifts the limit at once.
+        # The quota is the registry's: removing it lifts the limit once published.
         stack.registry.set_api_key_quota("metered", rate_limit_per_s=None)
+        stack.sync()
         lifted = [_post(stack, task, token) for _ in range(4)]
         assert [r.status_code for r in lifted] == [200] * 4, [r.text for r in lifted]
     finally:
@@ -116,6 +118,7 @@ def test_key_over_its_quota_gets_429_with_retry_after(stack: Stack) -> None:
 
 def test_metrics_tell_codes_apart_and_show_the_queue(stack: Stack) -> None:
     _, token = stack.registry.create_api_key("ops", roles=["caller"])
+    stack.sync()
     unplaced = stack.task(placed=False)
     no_worker = stack.task()
     queued = stack.task(worker=True)  # a heartbeat names it, but nobody pulls

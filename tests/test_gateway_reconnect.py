@@ -10,7 +10,7 @@ import pytest
 
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
-from tests.gateway_fixture import expected_embedding, gateway_stack, open_registry, serve_app
+from tests.gateway_fixture import expected_embedding, gateway_stack, serve_app
 from tests.nats_fixture import nats_available
 
 
@@ -60,9 +60,8 @@ def test_gateway_survives_a_nats_restart(tmp_path: Path) -> None:
 @pytest.mark.skipif(not nats_available(), reason="nats-server binary not installed")
 def test_gateway_started_before_nats_becomes_ready_when_it_comes_up(tmp_path: Path) -> None:
     server = EmbeddedNats(tmp_path / "nats", port=free_port())
-    registry = open_registry(tmp_path)
     try:
-        app = create_gateway(registry, server.url, GatewaySettings(require_auth=False))
+        app = create_gateway(server.url, GatewaySettings(require_auth=False))
         with serve_app(app) as url:
             assert httpx.get(f"{url}/healthz").status_code == 200
             not_ready = httpx.get(f"{url}/readyz")
@@ -72,4 +71,3 @@ def test_gateway_started_before_nats_becomes_ready_when_it_comes_up(tmp_path: Pa
             wait_for_status(url, 200)
     finally:
         server.cleanup()
-        registry.close()

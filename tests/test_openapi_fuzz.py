@@ -131,6 +131,7 @@ def test_gateway_openapi(auth_gateway: Stack) -> None:
     peer = gateway.responder(task)
     try:
         _, key = gateway.registry.create_api_key("fuzz-caller", roles=["caller"])
+        gateway.sync()
         schema = schemathesis.openapi.from_url(f"{gateway.url}/openapi.json")
         auth = {"Authorization": f"Bearer {key}", "X-Taskfleet-Timeout-Ms": "5000"}
 

@@ -291,6 +291,7 @@ def test_every_gateway_route_for_every_caller(auth_gateway: Stack) -> None:
             keys[identity] = served.registry.create_api_key(
                 identity.replace("@", "-at-"), roles=roles, tasks=scope
             )[1]
+        served.sync()
         call = expect(ok=200, refused={"viewer": 403, "promoter@task": 403, "promoter@other": 403})
         calls = [
             ("GET", "/openapi.json", "/openapi.json", None, PUBLIC),
@@ -303,7 +304,7 @@ def test_every_gateway_route_for_every_caller(auth_gateway: Stack) -> None:
             ("POST", "/v1/tasks/{task}", f"/v1/tasks/{task}", {"inputs": ["hallo"]}, call),
             ("POST", "/v1/embeddings", "/v1/embeddings", {"model": task, "input": "hallo"}, call),
         ]
-        app = create_gateway(served.registry, served.nats_url)
+        app = create_gateway(served.nats_url)
         assert {(m, r) for m, r, *_ in calls} == route_table(app)
         table: dict[str, dict[tuple[str, str], int]] = {}
         for identity in IDENTITIES:

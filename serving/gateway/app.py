@@ -1,11 +1,15 @@
-"""The public HTTP edge: ``create_gateway(registry, nats_url)`` returns the ASGI app.
+"""The public HTTP edge: ``create_gateway(nats_url)`` returns the ASGI app.
 
 Every embedding request goes the same way, and stops at the first check that fails:
-authenticate (401; 503 if the registry is away) -> the key's quota (429) -> read the body within
-the size limit (413) -> parse the envelope (400/415) -> the key's roles and tasks (403) -> the
-task exists (404) and is placed (503) -> a live worker runs it (503) -> queue it and wait for the
-reply (504 at the deadline). Nothing is published before every check passed, so a rejected
-request never reaches the queue.
+authenticate (401; 503 until the control plane's directory is seen) -> the key's quota (429) ->
+read the body within the size limit (413) -> parse the envelope (400/415) -> the key's roles and
+tasks (403) -> the task exists (404) and is placed (503) -> a live worker runs it (503) -> queue
+it and wait for the reply (504 at the deadline). Nothing is published before every check passed,
+so a rejected request never reaches the queue.
+
+The gateway needs NATS only: keys and tasks come from KV ``directory``, placements from KV
+``placements`` (both published by the leading control plane, followed in
+``serving/gateway/view.py``), live workers from KV ``workers``. No database on the hot path.
 """
 
 from __future__ import annotations
@@ -20,16 +24,13 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from httpapi.docs import mount_docs
 from httpapi.errors import ApiError
 from httpapi.handlers import ERROR_RESPONSES, error_response, install_error_handlers
-from registry.entities import ApiKey
-from registry.errors import NotFound, RegistryError
-from registry.keys import bearer_token
-from registry.service import Registry
+from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
+from serving.directory import KeyRecord
 from serving.gateway import bodies
 from serving.gateway.dispatch import Dispatcher, DispatchSettings
 from serving.gateway.errors import (
@@ -41,7 +42,6 @@ from serving.gateway.errors import (
     Unauthenticated,
     Unavailable,
     UnknownTask,
-    from_registry_error,
 )
 from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL, GatewayMetrics
 from serving.gateway.quotas import Quotas
@@ -75,9 +75,7 @@ class _Outcome:
     task: str = UNKNOWN_TASK_LABEL
 
 
-def create_gateway(
-    registry: Registry, nats_url: str, settings: GatewaySettings | None = None
-) -> FastAPI:
+def create_gateway(nats_url: str, settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
     metrics = GatewayMetrics()
     quotas = Quotas()
@@ -115,17 +113,40 @@ def create_gateway(
     app.state.metrics = metrics
     app.state.settings = settings
 
-    async def authenticate(request: Request) -> ApiKey | None:
+    view = dispatcher.view
+
+    def not_ready(what: str) -> Unavailable:
+        return Unavailable(
+            f"the gateway has not received the control plane's {what} yet (is a `taskfleet "
+            "serve` or `taskfleet up` connected to this NATS?)",
+            code="NOT_READY",
+            retry_after_s=settings.retry_after_s,
+        )
+
+    def find_key(token: str) -> KeyRecord:
+        """The published record of ``token``'s key (digest, roles, tasks), or 401."""
+        prefix = key_prefix(token)
+        if prefix is None:
+            raise Unauthenticated("malformed API key")
+        if not view.directory_published:
+            raise not_ready("API keys")
+        record = view.keys.get(prefix)
+        if record is None:
+            raise Unauthenticated("unknown API key")
+        if record.revoked or record.secret_hash is None:
+            raise Unauthenticated(f"API key {record.name!r} was revoked")
+        if not token_matches(token, record.secret_hash):
+            raise Unauthenticated("unknown API key")
+        return record
+
+    async def authenticate(request: Request) -> KeyRecord | None:
         """The caller's key, within its quota; None when auth is off."""
         if not settings.require_auth:
             return None
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
             raise Unauthenticated("send 'Authorization: Bearer <api key>'")
-        try:
-            key = await run_in_threadpool(registry.authenticate, token)
-        except RegistryError as exc:  # a bad key, or the database is away (503 + Retry-After)
-            raise from_registry_error(exc, retry_after_s=settings.retry_after_s) from exc
+        key = find_key(token)
         if not CALL_ROLES & set(key.roles):
             raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
         if key.rate_limit_per_s is not None:
@@ -139,15 +160,16 @@ def create_gateway(
                 )
         return key
 
-    async def check_servable(task: str, key: ApiKey | None, outcome: _Outcome) -> None:
+    async def check_servable(task: str, key: KeyRecord | None, outcome: _Outcome) -> None:
         if key is not None and key.tasks and task not in key.tasks:
             raise Forbidden(f"this API key may not call task {task!r}")
-        try:
-            placement = await run_in_threadpool(registry.current_placement, task)
-        except NotFound as exc:
-            raise UnknownTask(f"unknown task {task!r}") from exc
-        except RegistryError as exc:
-            raise from_registry_error(exc, retry_after_s=settings.retry_after_s) from exc
+        placement = view.placements.get(task)
+        if placement is None and task not in view.tasks:
+            # A task is known from the directory; a placement alone (published before the
+            # directory, or by an older control plane) serves too.
+            if not (view.directory_published and view.synced):
+                raise not_ready("tasks and placements")
+            raise UnknownTask(f"unknown task {task!r}")
         outcome.task = task
         try:
             nats_layout.check_task_name(task)
@@ -241,15 +263,14 @@ def create_gateway(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if not dispatcher.connected:
+        """Ready: connected to NATS and both buckets read up to where they were at connect.
+        The body says what this gateway has seen (revisions per bucket)."""
+        if not dispatcher.connected or not view.synced:
+            why = "not connected to NATS" if not dispatcher.connected else "reading the fleet"
             return error_response(
-                Unavailable(
-                    "not connected to NATS",
-                    code="NOT_READY",
-                    retry_after_s=settings.retry_after_s,
-                )
+                Unavailable(why, code="NOT_READY", retry_after_s=settings.retry_after_s)
             )
-        return JSONResponse({"status": "ready", "nats": True})
+        return JSONResponse({"status": "ready", "nats": True, "view": view.describe()})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:

@@ -40,6 +40,7 @@ from serving.gateway.errors import (
     from_worker_error,
 )
 from serving.gateway.metrics import ConsumerStats, GatewayMetrics, QueueSnapshot
+from serving.gateway.view import FleetView
 from serving.protocol import (
     PayloadRef,
     ProtocolError,
@@ -97,6 +98,9 @@ class Dispatcher:
         self._heartbeats_at = -1e9
         self._heartbeats_lock = asyncio.Lock()
         self._cleanups: set[asyncio.Task[None]] = set()
+        # Tasks, API-key digests and placements as the control plane publishes them.
+        self.view = FleetView()
+        self._following: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,6 +130,9 @@ class Dispatcher:
                 log.warning("NATS layout not ready yet (%s); retrying", exc)
                 await asyncio.sleep(0.5)
         await nc.subscribe(self.reply_prefix + ">", cb=self._on_reply)
+        self._following = asyncio.create_task(
+            self.view.follow(nc, self._js, self._layout), name="gateway-fleet-view"
+        )
         self._ready.set()
         log.info("gateway %s connected to %s", self.settings.gateway_id, self.nats_url)
 
@@ -143,10 +150,11 @@ class Dispatcher:
         return self._ready.is_set() and self._nc is not None and self._nc.is_connected
 
     async def close(self) -> None:
-        if self._connecting is not None and not self._connecting.done():
-            self._connecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._connecting
+        for task in (self._connecting, self._following):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         for future in self._pending.values():
             if not future.done():
                 future.cancel()

@@ -56,19 +56,6 @@ class DeadlineExceeded(GatewayError):
     code = ErrorCode.DEADLINE_EXCEEDED
 
 
-def from_registry_error(exc: ApiError, *, retry_after_s: int) -> GatewayError:
-    """A registry failure as the gateway answers it: its declared status, code and
-    retryability, with ``Retry-After`` when it is a retryable 503 (the database is away)."""
-    retryable_503 = bool(exc.retryable) and exc.status == 503
-    return GatewayError(
-        exc.message,
-        code=exc.code,
-        status=exc.status,
-        retryable=exc.retryable,
-        retry_after_s=retry_after_s if retryable_503 else None,
-    )
-
-
 # Worker error codes (docs/protocol.md and the sidecar's settle paths) -> HTTP status.
 _WORKER_STATUS = {
     "BAD_REQUEST": 400,

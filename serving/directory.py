@@ -1,0 +1,158 @@
+"""KV ``directory``: what gateways need from the registry, published so they never read it.
+
+The leading control plane (``serving/control.py``, through the publisher in
+``serving/placements.py``) writes, for every task ``task.<name>`` and for every API key
+``key.<prefix>`` (name, sha256 of the token, roles, task list, quota, revoked or not: never a
+usable key), then ``meta`` last. A gateway watches the bucket (``serving/gateway/view.py``):
+it authenticates from these records, tells an unknown task (404) from an unplaced one (503),
+and keeps serving when the database is away. A revoked key is published as revoked (no hash)
+within one publisher pass (0.5 s by default).
+
+The bucket is made to hold exactly the registry's current set: the first pass of a term reads
+what the bucket holds and deletes what the registry no longer has, later passes write only what
+changed since. Writing is idempotent, so two control planes leading for a moment do no harm.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgpack
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from serving import nats_layout
+
+if TYPE_CHECKING:  # the control plane's side only: gateways import this module without them
+    from registry import Registry
+    from registry import entities as e
+
+log = logging.getLogger("taskfleet.directory")
+
+META_KEY = "meta"
+KEY_PREFIX = "key."
+TASK_PREFIX = "task."
+
+
+class DirectoryError(ValueError):
+    """A directory value that does not decode (written by hand, or by a future version)."""
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """One API key as gateways see it: enough to verify and scope it, never the key itself."""
+
+    name: str
+    prefix: str
+    secret_hash: str | None  # None once revoked
+    roles: tuple[str, ...]
+    tasks: tuple[str, ...]  # empty: every task
+    rate_limit_per_s: float | None = None
+    rate_burst: int | None = None
+    revoked: bool = False
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {
+                "name": self.name,
+                "prefix": self.prefix,
+                "hash": self.secret_hash,
+                "roles": list(self.roles),
+                "tasks": list(self.tasks),
+                "rate": self.rate_limit_per_s,
+                "burst": self.rate_burst,
+                "revoked": self.revoked,
+            }
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes) -> KeyRecord:
+        try:
+            obj = msgpack.unpackb(data, raw=False)
+            record = cls(
+                name=_str(obj["name"]),
+                prefix=_str(obj["prefix"]),
+                secret_hash=None if obj["hash"] is None else _str(obj["hash"]),
+                roles=tuple(_str(r) for r in obj["roles"]),
+                tasks=tuple(_str(t) for t in obj["tasks"]),
+                rate_limit_per_s=None if obj["rate"] is None else float(obj["rate"]),
+                rate_burst=None if obj["burst"] is None else int(obj["burst"]),
+                revoked=bool(obj["revoked"]),
+            )
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            raise DirectoryError(f"not a key record: {exc}") from None
+        if record.secret_hash is None and not record.revoked:
+            raise DirectoryError(f"key record {record.name!r} has no hash")
+        return record
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def key_record(digest: e.ApiKeyDigest) -> KeyRecord:
+    key = digest.key
+    revoked = key.revoked_at is not None
+    return KeyRecord(
+        name=key.name,
+        prefix=key.prefix,
+        secret_hash=None if revoked else digest.secret_hash,
+        roles=tuple(key.roles),
+        tasks=tuple(key.tasks),
+        rate_limit_per_s=key.rate_limit_per_s,
+        rate_burst=key.rate_burst,
+        revoked=revoked,
+    )
+
+
+def task_value(task: str) -> bytes:
+    return msgpack.packb({"name": task})
+
+
+def desired_entries(registry: Registry) -> dict[str, bytes]:
+    """What the bucket should hold now, from the registry (two reads; blocking: run it in a
+    thread)."""
+    entries = {TASK_PREFIX + t.name: task_value(t.name) for t in registry.list_tasks()}
+    for digest in registry.api_key_digests():
+        entries[KEY_PREFIX + digest.key.prefix] = key_record(digest).pack()
+    return entries
+
+
+async def publish_directory(
+    js: JetStreamContext,
+    kv: KeyValue,
+    desired: dict[str, bytes],
+    known: dict[str, bytes] | None,
+    *,
+    prune: bool = True,
+) -> dict[str, bytes]:
+    """Make the bucket hold ``desired`` (then ``meta``); returns what it holds now.
+
+    ``known`` is what the bucket held after the previous pass (None: read it from NATS, as the
+    first pass of a term does). ``meta`` is written only when something changed, or on a first
+    pass: a gateway that has seen ``meta`` has seen every entry written before it. ``prune``
+    deletes entries the registry does not have (off: only add and update).
+    """
+    first = known is None
+    if known is None:
+        known = await nats_layout.kv_values(js, nats_layout.DIRECTORY_BUCKET)
+        known.pop(META_KEY, None)
+    changed = 0
+    for key, value in desired.items():
+        if known.get(key) != value:
+            await kv.put(key, value)
+            changed += 1
+    for key in sorted(set(known) - set(desired)) if prune else []:
+        await kv.delete(key)
+        changed += 1
+    if changed or first:
+        meta = {"published_ms": int(time.time() * 1000), "entries": len(desired)}
+        await kv.put(META_KEY, msgpack.packb(meta))
+        if changed:
+            log.info("directory: %d entries written or deleted", changed)
+    return dict(desired) if prune else {**known, **desired}
