@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from registry import Registry
-from serving.connection import connect_forever
+from serving.connection import NatsTarget, connect_forever, nats_options
 from serving.fleet import FleetWatcher
 from serving.leader import LeaderLock, new_holder_id
 from serving.nats_layout import LEADER_TTL_S, WORKERS_TTL_S, ensure_layout
@@ -52,7 +52,7 @@ class ControlLoops:
     def __init__(
         self,
         registry: Registry,
-        nats_url: str,
+        nats_url: NatsTarget,
         *,
         holder: str | None = None,
         poll_interval_s: float = 0.5,
@@ -64,6 +64,7 @@ class ControlLoops:
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
+        self.nats = nats_options(nats_url)  # printed without passwords
         self.holder = holder or new_holder_id()
         self.poll_interval_s = poll_interval_s
         self.flush_interval_s = flush_interval_s
@@ -92,7 +93,7 @@ class ControlLoops:
             "publisher": self.status,
             "holder": self.holder,
             "leader": self.leader,
-            "nats": self.nats_url,
+            "nats": str(self.nats),
         }
 
     def stop(self) -> None:
@@ -109,7 +110,7 @@ class ControlLoops:
         if not done:
             self._status = STATUS_WAITING
             self._announce(
-                f"NATS at {self.nats_url} is not reachable: publishing placements waits for it "
+                f"NATS at {self.nats} is not reachable: publishing placements waits for it "
                 "(the dashboard and REST API serve meanwhile; promotions are published once "
                 "NATS is back)"
             )
@@ -119,7 +120,7 @@ class ControlLoops:
             return
         self._nc = nc
         if not done:
-            self._announce(f"connected to NATS at {self.nats_url}")
+            self._announce(f"connected to NATS at {self.nats}")
         backoff = self.standby_retry_s
         try:
             while not self._stop.is_set():
@@ -167,8 +168,7 @@ class ControlLoops:
         self.leader = self.holder
         self._status = STATUS_LEADER
         self._announce(
-            f"leading ({self.holder}): publishing placements to {self.nats_url} and mirroring "
-            "the fleet"
+            f"leading ({self.holder}): publishing placements to {self.nats} and mirroring the fleet"
         )
         loops = self.loops()
         tasks = [asyncio.create_task(loop.run(nc)) for loop in loops]

@@ -86,6 +86,7 @@ class EmbeddedNats:
         binary: Path | None = None,
         log_file: Path | str | None = None,
         startup_timeout_s: float = 15.0,
+        extra_args: list[str] | None = None,
     ) -> None:
         self._own_store = store_dir is None
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="taskfleet-nats-"))
@@ -94,6 +95,7 @@ class EmbeddedNats:
         self.binary = binary
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
         self.startup_timeout_s = startup_timeout_s
+        self.extra_args = list(extra_args or [])
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -122,6 +124,7 @@ class EmbeddedNats:
             self.host,
             "--port",
             str(self.port),
+            *self.extra_args,
         ]
         # The server logs to stderr; a file (not a pipe nobody reads) can never block it.
         with self.log_file.open("ab") as log:
@@ -163,6 +166,13 @@ class EmbeddedNats:
                 process.kill()
                 process.wait(timeout=timeout_s)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (the store dir is kept: start() brings it back)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
     def cleanup(self) -> None:
         """Stop, and remove the store dir when this object created it."""
         self.stop()
@@ -189,3 +199,101 @@ def embedded_nats(store_dir: Path | str | None = None) -> Iterator[EmbeddedNats]
         yield server.start()
     finally:
         server.cleanup()
+
+
+class EmbeddedNatsCluster:
+    """``size`` nats-server nodes on loopback clustered by routes (each its own port, cluster
+    port and store dir), JetStream on every node: what `taskfleet up --nats-cluster 3` runs.
+
+    Clients get every node's URL (:attr:`url`, comma-separated) and move to another node when
+    theirs dies; streams, KV and object store created on it are replicated on 3 nodes
+    (``serving.nats_layout.layout_replicas``), so one node down loses nothing.
+    """
+
+    def __init__(
+        self,
+        store_dir: Path | str,
+        size: int = 3,
+        *,
+        host: str = "127.0.0.1",
+        name: str = "taskfleet",
+    ) -> None:
+        if size < 1:
+            raise NatsServerError("a NATS cluster needs at least 1 node")
+        self.store_dir = Path(store_dir)
+        self.host = host
+        cluster_ports = [free_port(host) for _ in range(size)]
+        routes = ",".join(f"nats://{host}:{p}" for p in cluster_ports)
+        self.nodes = [
+            EmbeddedNats(
+                self.store_dir / f"n{i}",
+                host=host,
+                port=free_port(host),
+                extra_args=_node_args(f"{name}-n{i}", name, host, cluster_ports[i], routes),
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    @property
+    def running(self) -> bool:
+        return all(node.running for node in self.nodes)
+
+    def start(self, jetstream_timeout_s: float = 60.0) -> EmbeddedNatsCluster:
+        """Start every node (those already running stay), then wait until JetStream answers
+        (the nodes must first elect a meta leader)."""
+        try:
+            for node in self.nodes:
+                node.start()
+            wait_for_jetstream(self.url, jetstream_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def cleanup(self) -> None:
+        self.stop()
+
+
+def _node_args(server: str, cluster: str, host: str, cluster_port: int, routes: str) -> list[str]:
+    return [
+        "--server_name", server,
+        "--cluster_name", cluster,
+        "--cluster", f"nats://{host}:{cluster_port}",
+        "--routes", routes,
+    ]  # fmt: skip
+
+
+def wait_for_jetstream(url: str, timeout_s: float) -> None:
+    """Until a JetStream API call succeeds on ``url`` (comma-separated nodes)."""
+    import asyncio
+
+    import nats
+    from nats.errors import Error as NatsError
+
+    async def probe() -> None:
+        deadline = time.monotonic() + timeout_s
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                nc = await nats.connect(
+                    servers=url.split(","), connect_timeout=2, max_reconnect_attempts=1
+                )
+                try:
+                    await nc.jetstream().account_info()
+                    return
+                finally:
+                    await nc.close()
+            except (NatsError, OSError, TimeoutError) as exc:
+                last = exc
+            await asyncio.sleep(0.5)
+        raise NatsServerError(f"JetStream on {url} did not answer within {timeout_s:.0f}s: {last}")
+
+    asyncio.run(probe())

@@ -22,7 +22,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from registry import Registry, RegistryError
 from registry import entities as e
 from serving import protocol as p
-from serving.connection import connect_forever
+from serving.connection import NatsTarget, connect_forever
 from serving.nats_layout import WORKERS_TTL_S, ensure_layout
 
 log = logging.getLogger("taskfleet.fleet")
@@ -52,7 +52,7 @@ class FleetWatcher:
     def __init__(
         self,
         registry: Registry,
-        nats_url: str,
+        nats_url: NatsTarget,
         *,
         flush_interval_s: float = 1.0,
         stale_after_s: float = WORKERS_TTL_S,

@@ -59,6 +59,8 @@ WORKERS_TTL_S = 15.0
 ACK_WAIT_S = 10.0
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
 MAX_DELIVER = 5
+# Copies of every stream and bucket on a cluster of this many nodes or more.
+REPLICAS = 3
 # A leader that stops renewing its lock (killed, cut off from NATS) loses it this long after its
 # last renewal; a standby control plane then takes over. The bucket's TTL, fixed at creation.
 LEADER_TTL_S = 10.0
@@ -126,8 +128,9 @@ def dlq_subject(task: str) -> str:
     return DLQ_SUBJECT_PREFIX + check_task_name(task)
 
 
-def tasks_stream_config() -> StreamConfig:
+def tasks_stream_config(replicas: int = 1) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=TASKS_STREAM,
         subjects=[TASKS_SUBJECT_PREFIX + ">"],
         retention=RetentionPolicy.WORK_QUEUE,
@@ -137,8 +140,9 @@ def tasks_stream_config() -> StreamConfig:
     )
 
 
-def dlq_stream_config() -> StreamConfig:
+def dlq_stream_config(replicas: int = 1) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=DLQ_STREAM,
         subjects=[DLQ_SUBJECT_PREFIX + ">"],
         retention=RetentionPolicy.LIMITS,
@@ -184,12 +188,12 @@ async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         return await js.key_value(config.bucket)
 
 
-async def _ensure_object_store(js: JetStreamContext, bucket: str) -> ObjectStore:
+async def _ensure_object_store(js: JetStreamContext, bucket: str, replicas: int) -> ObjectStore:
     try:
         return await js.object_store(bucket)
     except BucketNotFoundError:
         pass
-    config = ObjectStoreConfig(ttl=PAYLOADS_TTL_S, storage=StorageType.FILE)
+    config = ObjectStoreConfig(ttl=PAYLOADS_TTL_S, storage=StorageType.FILE, replicas=replicas)
     try:
         return await js.create_object_store(bucket, config)
     except BadRequestError:
@@ -209,30 +213,43 @@ async def ensure_task_consumer(js: JetStreamContext, task: str) -> ConsumerInfo:
         return await js.consumer_info(TASKS_STREAM, name)
 
 
-async def ensure_layout(js: JetStreamContext, tasks: list[str] | tuple[str, ...] = ()) -> Layout:
-    """Create what is missing of the layout (streams, buckets, one consumer per task)."""
-    await _ensure_stream(js, tasks_stream_config())
-    await _ensure_stream(js, dlq_stream_config())
-    placements = await _ensure_kv(
-        js,
-        KeyValueConfig(
-            bucket=PLACEMENTS_BUCKET, history=PLACEMENTS_HISTORY, storage=StorageType.FILE
-        ),
-    )
-    workers = await _ensure_kv(
-        js,
-        KeyValueConfig(
-            bucket=WORKERS_BUCKET, history=1, ttl=WORKERS_TTL_S, storage=StorageType.FILE
-        ),
-    )
-    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET)
-    leader = await _ensure_kv(
-        js,
-        KeyValueConfig(bucket=LEADER_BUCKET, history=1, ttl=LEADER_TTL_S, storage=StorageType.FILE),
-    )
-    directory = await _ensure_kv(
-        js, KeyValueConfig(bucket=DIRECTORY_BUCKET, history=1, storage=StorageType.FILE)
-    )
+def cluster_size(js: JetStreamContext) -> int:
+    """Nodes of the NATS cluster ``js`` is connected to, from the server's INFO (its
+    ``connect_urls`` name every node's client address, its own included); 1 when alone."""
+    info = getattr(getattr(js, "_nc", None), "_server_info", None) or {}
+    return max(1, len(set(info.get("connect_urls") or [])))
+
+
+def layout_replicas(js: JetStreamContext) -> int:
+    """R3 on a cluster of 3 nodes or more, else R1 (a cluster of 2 cannot keep a quorum)."""
+    return REPLICAS if cluster_size(js) >= REPLICAS else 1
+
+
+async def ensure_layout(
+    js: JetStreamContext,
+    tasks: list[str] | tuple[str, ...] = (),
+    *,
+    replicas: int | None = None,
+) -> Layout:
+    """Create what is missing of the layout (streams, buckets, one consumer per task).
+
+    New objects get ``replicas`` copies (default :func:`layout_replicas`: 3 on a cluster of
+    3+ nodes); existing ones are left as they are (consumers follow their stream).
+    """
+    r = layout_replicas(js) if replicas is None else replicas
+    await _ensure_stream(js, tasks_stream_config(r))
+    await _ensure_stream(js, dlq_stream_config(r))
+
+    def kv(bucket: str, history: int, ttl: float | None = None) -> KeyValueConfig:
+        return KeyValueConfig(
+            bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE, replicas=r
+        )
+
+    placements = await _ensure_kv(js, kv(PLACEMENTS_BUCKET, PLACEMENTS_HISTORY))
+    workers = await _ensure_kv(js, kv(WORKERS_BUCKET, 1, WORKERS_TTL_S))
+    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET, r)
+    leader = await _ensure_kv(js, kv(LEADER_BUCKET, 1, LEADER_TTL_S))
+    directory = await _ensure_kv(js, kv(DIRECTORY_BUCKET, 1))
     for task in tasks:
         await ensure_task_consumer(js, task)
     return Layout(

@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 from registry import Registry, RegistryError
 from registry import entities as e
 from serving import protocol as p
-from serving.connection import connect_forever
+from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout
 
@@ -166,7 +166,7 @@ class PlacementPublisher:
     def __init__(
         self,
         registry: Registry,
-        nats_url: str,
+        nats_url: NatsTarget,
         *,
         poll_interval_s: float = 0.5,
         max_backoff_s: float = 15.0,

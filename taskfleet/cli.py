@@ -74,11 +74,47 @@ def _global(
     actor: str | None = typer.Option(
         None, "--actor", help="Name recorded in the audit log (env TASKFLEET_ACTOR)."
     ),
+    nats_url: str | None = typer.Option(
+        None,
+        "--nats-url",
+        help="NATS server URL(s), comma-separated for a cluster (env TASKFLEET_NATS_URL).",
+    ),
+    nats_user: str | None = typer.Option(
+        None,
+        "--nats-user",
+        help="NATS user (env TASKFLEET_NATS_USER); the password only from TASKFLEET_NATS_PASSWORD.",
+    ),
+    nats_creds: Path | None = typer.Option(
+        None, "--nats-creds", help="NATS credentials file, JWT + nkey (env TASKFLEET_NATS_CREDS)."
+    ),
+    nats_tls_ca: Path | None = typer.Option(
+        None,
+        "--nats-tls-ca",
+        help="CA certificate to trust for NATS TLS (env TASKFLEET_NATS_TLS_CA).",
+    ),
+    nats_tls_cert: Path | None = typer.Option(
+        None,
+        "--nats-tls-cert",
+        help="Client certificate for NATS TLS (env TASKFLEET_NATS_TLS_CERT).",
+    ),
+    nats_tls_key: Path | None = typer.Option(
+        None, "--nats-tls-key", help="Client certificate's key (env TASKFLEET_NATS_TLS_KEY)."
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    state.overrides.update(home=home, database_url=database_url, actor=actor)
+    state.overrides.update(
+        home=home,
+        database_url=database_url,
+        actor=actor,
+        nats_url=nats_url,
+        nats_user=nats_user,
+        nats_creds=nats_creds,
+        nats_tls_ca=nats_tls_ca,
+        nats_tls_cert=nats_tls_cert,
+        nats_tls_key=nats_tls_key,
+    )
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
@@ -90,7 +126,11 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         errors.append(ModelLoadError)
     except ImportError:  # serving extras not installed
         pass
-    for module, name in (("evals.errors", "EvalError"), ("finetune.errors", "FinetuneError")):
+    for module, name in (
+        ("evals.errors", "EvalError"),
+        ("finetune.errors", "FinetuneError"),
+        ("serving.connection", "NatsOptionsError"),
+    ):
         with contextlib.suppress(ImportError, AttributeError):
             errors.append(getattr(__import__(module, fromlist=[name]), name))
     return tuple(errors)

@@ -25,6 +25,7 @@ from taskfleet.context import get_settings, open_registry
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from serving.connection import NatsOptions
     from serving.dlq import ReplayOutcome
 
 out = Console()
@@ -59,7 +60,12 @@ def nats_url_or_none() -> str | None:
         return None
 
 
-def _nats_call(url: str, action: Callable[[NATS], Awaitable[T]]) -> T:
+def nats_target_or_none() -> NatsOptions | None:
+    """:func:`nats_url_or_none` with the NATS credentials and TLS settings."""
+    return get_settings().nats_options(nats_url_or_none())
+
+
+def _nats_call(url: NatsOptions, action: Callable[[NATS], Awaitable[T]]) -> T:
     """Run ``action(nc)`` on a fresh connection that fails fast when NATS is away."""
     from serving.connection import connect_once
 
@@ -73,8 +79,8 @@ def _nats_call(url: str, action: Callable[[NATS], Awaitable[T]]) -> T:
     return asyncio.run(run())
 
 
-def _require_nats() -> str:
-    url = nats_url_or_none()
+def _require_nats() -> NatsOptions:
+    url = nats_target_or_none()
     if url is None:
         raise _fail("no NATS to talk to: start `taskfleet up` or set TASKFLEET_NATS_URL")
     return url
@@ -116,7 +122,7 @@ def placement_set(
         f"({'pinned' if placement.pinned else 'lazy'}, {placement.replicas} replica(s), "
         f"model {value.model_key})"
     )
-    url = nats_url_or_none()
+    url = nats_target_or_none()
 
     async def publish(nc: NATS) -> None:
         kv = (await ensure_layout(nc.jetstream())).placements
@@ -308,6 +314,13 @@ def up(
     host: str = typer.Option("127.0.0.1", help="Address the HTTP servers bind."),
     port: int = typer.Option(8700, "--port", help="Gateway port (embeddings API)."),
     control_port: int = typer.Option(8600, "--control-port", help="Control plane port."),
+    nats_cluster: int = typer.Option(
+        1,
+        "--nats-cluster",
+        min=1,
+        help="Embedded nats-server nodes: 3 runs a local cluster (routes, one store dir each) "
+        "with every stream, KV bucket and object store replicated on 3 nodes.",
+    ),
     auth: bool = typer.Option(True, "--auth/--no-auth", help="Require API keys."),
     memory_budget_mb: int = typer.Option(
         8192, "--memory-budget-mb", min=1, help="Model memory per worker."
@@ -344,7 +357,8 @@ def up(
         host=host,
         port=port,
         control_port=control_port,
-        nats_url=settings.nats_url,
+        nats_url=settings.nats_options(),
+        nats_cluster=nats_cluster,
         require_auth=auth,
         memory_budget_bytes=memory_budget_mb * 2**20,
         sidecar_binary=sidecar_bin,

@@ -65,7 +65,10 @@ def call(
 
 def gateway(
     nats_url: str | None = typer.Option(
-        None, "--nats-url", help="NATS server/cluster URL (env TASKFLEET_NATS_URL)."
+        None,
+        "--nats-url",
+        help="NATS server URL(s), comma-separated for a cluster (env TASKFLEET_NATS_URL); "
+        "credentials and TLS: see `taskfleet --help`.",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(DEFAULT_GATEWAY_PORT, help="Port to bind."),
@@ -83,8 +86,8 @@ def gateway(
 
     from serving.gateway import GatewaySettings, create_gateway
 
-    url = nats_url or get_settings().nats_url
-    if not url:
+    url = get_settings().nats_options(nats_url)
+    if url is None:
         raise typer.BadParameter(
             "the gateway needs a NATS server: give --nats-url or set TASKFLEET_NATS_URL",
             param_hint="--nats-url",

@@ -35,8 +35,9 @@ def serve(
     nats_url: str | None = typer.Option(
         None,
         "--nats-url",
-        help="NATS server/cluster the fleet runs on (env TASKFLEET_NATS_URL; default: the NATS "
-        f"of a running `taskfleet up` on this home, else {DEFAULT_NATS_URL}).",
+        help="NATS server URL(s) of the fleet, comma-separated for a cluster (env "
+        "TASKFLEET_NATS_URL; default: the NATS of a running `taskfleet up` on this home, else "
+        f"{DEFAULT_NATS_URL}); credentials and TLS: see `taskfleet --help`.",
     ),
     publish: bool = typer.Option(
         True,
@@ -62,7 +63,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     loops: ControlLoops | None = None
     if publish:
-        url = nats_url or nats_url_or_none() or DEFAULT_NATS_URL
+        url = settings.nats_options(nats_url or nats_url_or_none() or DEFAULT_NATS_URL)
+        assert url is not None
         loops = ControlLoops(registry, url, announce=_say)
     app = create_app(
         registry,

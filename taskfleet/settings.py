@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from serving.connection import NatsOptions
 
 
 def _default_home() -> Path:
@@ -31,8 +35,16 @@ class Settings(BaseSettings):
         default=None, description="MLflow tracking URI; default: SQLite file under home."
     )
     nats_url: str | None = Field(
-        default=None, description="Existing NATS server/cluster; default: start an embedded one."
+        default=None,
+        description="Existing NATS server/cluster, URLs comma-separated; default: start an "
+        "embedded one.",
     )
+    nats_user: str | None = Field(default=None, description="NATS user.")
+    nats_password: str | None = Field(default=None, description="NATS password (env only).")
+    nats_creds: Path | None = Field(default=None, description="NATS credentials file.")
+    nats_tls_ca: Path | None = Field(default=None, description="CA to trust for NATS TLS.")
+    nats_tls_cert: Path | None = Field(default=None, description="NATS TLS client certificate.")
+    nats_tls_key: Path | None = Field(default=None, description="Its private key.")
     actor: str | None = Field(default=None, description="Who is acting, for the audit log.")
     data_dir: Path | None = Field(
         default=None, description="Root of the eval suites' data; default: ../shared/data."
@@ -70,6 +82,24 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.resolved_home / "cache"
+
+    def nats_options(self, url: str | None = None) -> NatsOptions | None:
+        """How to reach NATS: ``url`` (else TASKFLEET_NATS_URL) with the credentials and TLS
+        settings; None when no URL is known."""
+        from serving.connection import NatsOptions
+
+        url = url or self.nats_url
+        if not url:
+            return None
+        return NatsOptions.parse(
+            url,
+            user=self.nats_user,
+            password=self.nats_password,
+            creds_file=self.nats_creds,
+            tls_ca=self.nats_tls_ca,
+            tls_cert=self.nats_tls_cert,
+            tls_key=self.nats_tls_key,
+        )
 
     def resolved_session_secret(self) -> str:
         """A stable secret so dashboard sessions survive a restart of the control plane."""

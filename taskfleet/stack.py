@@ -33,6 +33,7 @@ from typing import Any
 import uvicorn
 
 from registry import Registry
+from serving.connection import NatsTarget, nats_options
 
 log = logging.getLogger("taskfleet.up")
 SIDECAR_BINARY = "taskfleet-sidecar"
@@ -131,7 +132,7 @@ class SidecarProcess:
     """One sidecar (and, through it, one runtime) as a child in its own process group."""
 
     binary: Path
-    nats_url: str
+    nats_url: NatsTarget  # URL(s), or options with credentials and TLS
     worker_id: str
     run_dir: Path
     memory_budget_bytes: int = 8 << 30
@@ -167,7 +168,7 @@ class SidecarProcess:
             runtime = self.runtime_flags
         return [
             str(self.binary),
-            "--nats-url", self.nats_url,
+            *nats_options(self.nats_url).sidecar_args(),
             "--worker-id", self.worker_id,
             *runtime,
             "--memory-budget-bytes", str(self.memory_budget_bytes),
@@ -177,7 +178,13 @@ class SidecarProcess:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            **nats_options(self.nats_url).sidecar_env(),
+            **self.env,
+        }
         # The runtime is started by `python -m serving...`: it must find the project.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         with self.log_path.open("ab") as log_file:
@@ -249,7 +256,8 @@ class StackConfig:
     host: str = "127.0.0.1"
     port: int = 8700
     control_port: int = 8600
-    nats_url: str | None = None
+    nats_url: NatsTarget | None = None  # None: start an embedded nats-server
+    nats_cluster: int = 1  # embedded nats-server nodes (3: a cluster with R3 streams and KV)
     require_auth: bool = True
     memory_budget_bytes: int = 8 << 30
     sidecar_binary: Path | None = None
@@ -301,13 +309,17 @@ async def run_stack(
     """Run until SIGINT/SIGTERM (or ``stop``); everything started is stopped on the way out."""
     from registry.api import create_app
     from serving.control import ControlLoops
-    from serving.embedded_nats import EmbeddedNats, free_port
+    from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
     from serving.gateway.app import GatewaySettings, create_gateway
 
     if any(count < 0 for _, count in config.worker_kinds()):
         raise StackError("worker counts must be >= 0")
     if config.http_workers and not config.http_url:
         raise StackError("--http-workers needs --http-url (the engine's base URL)")
+    if config.nats_cluster < 1:
+        raise StackError("--nats-cluster must be >= 1")
+    if config.nats_url and config.nats_cluster > 1:
+        raise StackError("--nats-cluster starts NATS here; it cannot be combined with a NATS URL")
     for port in (config.port, config.control_port):
         if not port_free(config.host, port):
             raise StackError(f"port {config.host}:{port} is already in use; pick another")
@@ -320,18 +332,25 @@ async def run_stack(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    nats_server: EmbeddedNats | None = None
+    nats_nodes: list[EmbeddedNats] = []
     sidecars: list[SidecarProcess] = []
     tasks: list[asyncio.Task[None]] = []
     servers: list[QuietServer] = []
     control_loops: ControlLoops | None = None
     try:
+        nats_url: NatsTarget
         if config.nats_url:
             nats_url = config.nats_url
         else:
-            nats_server = EmbeddedNats(config.home / "nats")
-            await asyncio.to_thread(nats_server.start)
-            nats_url = nats_server.url
+            if config.nats_cluster > 1:
+                cluster = EmbeddedNatsCluster(config.home / "nats-cluster", config.nats_cluster)
+                nats_nodes = cluster.nodes
+                await asyncio.to_thread(cluster.start)
+                nats_url = cluster.url
+            else:
+                nats_nodes = [EmbeddedNats(config.home / "nats")]
+                await asyncio.to_thread(nats_nodes[0].start)
+                nats_url = nats_nodes[0].url
         await _ensure_layout(nats_url)
 
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
@@ -382,15 +401,14 @@ async def run_stack(
             StackUrls(
                 gateway=gateway_url,
                 control_plane=f"http://{config.host}:{config.control_port}",
-                nats=nats_url,
+                nats=nats_options(nats_url).url,
                 workers=[s.worker_id for s in sidecars],
                 metrics=[f"{gateway_url}/metrics"]
                 + [f"http://{s.metrics_addr}/metrics" for s in sidecars],
             )
         )
         children = [_sidecar_child(s) for s in sidecars]
-        if nats_server is not None:
-            children.insert(0, _nats_child(nats_server))
+        children[:0] = [_nats_child(node) for node in nats_nodes]
         await supervise(children, stop)
     finally:
         for server in servers:
@@ -400,13 +418,12 @@ async def run_stack(
             control_loops.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
-        if nats_server is not None:
-            await asyncio.to_thread(nats_server.stop)
+        await asyncio.gather(*(asyncio.to_thread(node.stop) for node in nats_nodes))
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-async def _ensure_layout(url: str) -> None:
+async def _ensure_layout(url: NatsTarget) -> None:
     from serving.connection import connect_once
     from serving.nats_layout import ensure_layout
 
@@ -489,7 +506,7 @@ def _sidecar_child(sidecar: SidecarProcess) -> Child:
 def _nats_child(server: Any) -> Child:
     # Same port and store dir: clients reconnect by themselves, the queue is as it was.
     return Child(
-        "nats-server",
+        f"nats-server {server.url}",
         lambda: bool(server.running),
         server.start,
         lambda: f" (see {server.log_file})",

@@ -17,7 +17,7 @@ import uvicorn
 from registry import Registry
 from registry import entities as e
 from serving import protocol as p
-from serving.embedded_nats import EmbeddedNats, free_port
+from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
 from serving.fleet import FleetWatcher, decode_heartbeat
 from serving.nats_layout import ensure_layout
 from serving.placements import PlacementPublisher
@@ -109,11 +109,13 @@ class LocalFleet:
         memory_budget_bytes: int = 1 << 30,
         sidecar_args: list[str] | None = None,
         runtimes: list[str] | None = None,
+        nats_nodes: int = 1,
     ) -> None:
         """``runtimes``: the runtime of each worker (default: all torch)."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
+        self.nats_nodes = nats_nodes
         self.memory_budget_bytes = memory_budget_bytes
         self.sidecar_args = sidecar_args or [
             "--heartbeat-ms", "300",
@@ -121,7 +123,8 @@ class LocalFleet:
             "--ack-wait-ms", "5000",
             "--max-batch-wait-ms", "2",
         ]  # fmt: skip
-        self.nats: EmbeddedNats | None = None
+        # One nats-server, or a cluster of ``nats_nodes`` (both: .url, .start(), .stop()).
+        self.nats: EmbeddedNats | EmbeddedNatsCluster | None = None
         self.registry: Registry | None = None
         self.sidecars: list[SidecarProcess] = []
         self.gateway_url = ""
@@ -135,7 +138,10 @@ class LocalFleet:
     def start(self) -> LocalFleet:
         from serving.gateway.app import GatewaySettings, create_gateway
 
-        self.nats = EmbeddedNats(self.root / "nats").start()
+        if self.nats_nodes > 1:
+            self.nats = EmbeddedNatsCluster(self.root / "nats", self.nats_nodes).start()
+        else:
+            self.nats = EmbeddedNats(self.root / "nats").start()
         self.registry = Registry.open(
             f"sqlite:///{self.root / 'registry.db'}", artifact_dir=self.root / "artifacts"
         )
@@ -247,6 +253,13 @@ class LocalFleet:
 
         return wait_until(probe, timeout_s=40)
 
+    def gateway_nats_node(self) -> int:
+        """Which node of the NATS cluster the gateway is connected to now."""
+        assert isinstance(self.nats, EmbeddedNatsCluster) and self._gateway_server is not None
+        dispatcher = self._gateway_server.config.app.state.dispatcher
+        port = dispatcher._nc.connected_url.port
+        return next(i for i, node in enumerate(self.nats.nodes) if node.port == port)
+
     def sidecar_metrics(self, index: int = 0) -> str:
         """The Prometheus text of one sidecar's /metrics."""
         return httpx.get(f"http://{self.sidecars[index].metrics_addr}/metrics", timeout=10).text
@@ -261,7 +274,7 @@ class LocalFleet:
 
 
 async def _ensure_layout(url: str) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(servers=url.split(","))
     try:
         await ensure_layout(nc.jetstream())
     finally:
@@ -269,7 +282,7 @@ async def _ensure_layout(url: str) -> None:
 
 
 async def _heartbeats(url: str) -> dict[str, p.WorkerHeartbeat]:
-    nc = await nats.connect(url)
+    nc = await nats.connect(servers=url.split(","))
     try:
         kv = (await ensure_layout(nc.jetstream())).workers
         beats: dict[str, p.WorkerHeartbeat] = {}

@@ -178,3 +178,64 @@ def test_up_restarts_nats_server_after_it_dies(tmp_path: Path, tiny_model_path: 
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_up_with_a_three_node_nats_cluster(tmp_path: Path) -> None:
+    """`taskfleet up --nats-cluster 3`: three clustered nats-servers (one store dir each), the
+    layout at R3, every role on the URL list; SIGTERM stops all three."""
+    import asyncio
+
+    import nats
+
+    home = tmp_path / "home"
+    log = (tmp_path / "up.log").open("wb")
+    port, control_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "0",
+         "--no-auth", "--nats-cluster", "3", "--port", str(port),
+         "--control-port", str(control_port)],
+        cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        stack = home / "run" / "stack.json"
+        wait_until(stack.is_file, timeout_s=90)
+        urls = json.loads(stack.read_text())["nats"].split(",")
+        assert len(urls) == 3
+        assert sorted(p.name for p in (home / "nats-cluster").iterdir()) == ["n0", "n1", "n2"]
+
+        async def replicas() -> int | None:
+            nc = await nats.connect(servers=urls)
+            try:
+                return (await nc.jetstream().stream_info("KV_placements")).config.num_replicas
+            finally:
+                await nc.close()
+
+        assert asyncio.run(replicas()) == 3
+        health = httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()
+        wait_until(
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()["publisher"]
+                == "leader"
+            ),
+            timeout_s=30,
+        )
+        assert health["nats"] == ",".join(urls)
+        servers = [p for p in _descendants(proc.pid) if _exe(p) == "nats-server"]
+        assert len(servers) == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log.close()
+    assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    assert not [p for p in servers if _alive(p)]
+
+
+def _exe(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/exe").resolve().name
+    except OSError:
+        return ""

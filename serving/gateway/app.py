@@ -30,6 +30,7 @@ from httpapi.errors import ApiError
 from httpapi.handlers import ERROR_RESPONSES, error_response, install_error_handlers
 from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
+from serving.connection import NatsTarget
 from serving.directory import KeyRecord
 from serving.gateway import bodies
 from serving.gateway.dispatch import Dispatcher, DispatchSettings
@@ -75,7 +76,8 @@ class _Outcome:
     task: str = UNKNOWN_TASK_LABEL
 
 
-def create_gateway(nats_url: str, settings: GatewaySettings | None = None) -> FastAPI:
+def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None) -> FastAPI:
+    """The gateway on NATS at ``nats_url`` (URL(s), or options with credentials and TLS)."""
     settings = settings or GatewaySettings()
     metrics = GatewayMetrics()
     quotas = Quotas()

@@ -32,6 +32,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from serving import nats_layout
+from serving.connection import NatsTarget, nats_options
 from serving.gateway.bodies import EmbedRequest
 from serving.gateway.errors import (
     DeadlineExceeded,
@@ -82,8 +83,10 @@ def now_ms() -> int:
 
 
 class Dispatcher:
-    def __init__(self, nats_url: str, settings: DispatchSettings, metrics: GatewayMetrics) -> None:
-        self.nats_url = nats_url
+    def __init__(
+        self, nats_url: NatsTarget, settings: DispatchSettings, metrics: GatewayMetrics
+    ) -> None:
+        self.nats = nats_options(nats_url)
         self.settings = settings
         self.metrics = metrics
         self.reply_prefix = f"{nats_layout.REPLY_SUBJECT_PREFIX}{settings.gateway_id}."
@@ -111,7 +114,7 @@ class Dispatcher:
 
     async def _connect(self) -> None:
         nc = await nats.connect(
-            self.nats_url,
+            **self.nats.connect_kwargs(),
             name=f"taskfleet-gateway-{self.settings.gateway_id}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
@@ -134,7 +137,7 @@ class Dispatcher:
             self.view.follow(nc, self._js, self._layout), name="gateway-fleet-view"
         )
         self._ready.set()
-        log.info("gateway %s connected to %s", self.settings.gateway_id, self.nats_url)
+        log.info("gateway %s connected to %s", self.settings.gateway_id, self.nats)
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("NATS: %s", exc)

@@ -38,13 +38,47 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (runtimes: torch, htt
 #[derive(Debug, Parser)]
 #[command(name = "taskfleet-sidecar", version = VERSION)]
 struct Cli {
-    /// NATS server URL; the sidecar keeps retrying until it is reachable, and reconnects.
+    /// NATS server URL(s), comma-separated for a cluster; the sidecar keeps retrying until one
+    /// is reachable, and reconnects (to any node it knows, also those the server announces).
     #[arg(
         long,
         env = "TASKFLEET_NATS_URL",
         default_value = "nats://127.0.0.1:4222"
     )]
     nats_url: String,
+
+    /// NATS user; its password comes from TASKFLEET_NATS_PASSWORD.
+    #[arg(long, env = "TASKFLEET_NATS_USER")]
+    nats_user: Option<String>,
+
+    /// NATS password (give it by environment: a flag shows in the process list).
+    #[arg(
+        long,
+        env = "TASKFLEET_NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_user"
+    )]
+    nats_password: Option<String>,
+
+    /// NATS credentials file (JWT + nkey seed).
+    #[arg(long, env = "TASKFLEET_NATS_CREDS", conflicts_with = "nats_user")]
+    nats_creds: Option<PathBuf>,
+
+    /// CA certificate (PEM) to trust for NATS TLS; implies --nats-tls.
+    #[arg(long, env = "TASKFLEET_NATS_TLS_CA")]
+    nats_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for NATS TLS; needs --nats-tls-key.
+    #[arg(long, env = "TASKFLEET_NATS_TLS_CERT", requires = "nats_tls_key")]
+    nats_tls_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "TASKFLEET_NATS_TLS_KEY", requires = "nats_tls_cert")]
+    nats_tls_key: Option<PathBuf>,
+
+    /// Require TLS to NATS.
+    #[arg(long, env = "TASKFLEET_NATS_TLS")]
+    nats_tls: bool,
 
     /// Unique id of this worker: its key in KV `workers` and the prefix of its batch ids.
     /// Default: `<host>-<pid>`.
@@ -340,7 +374,17 @@ async fn run(cli: Cli) -> Result<()> {
     let stop_work = CancellationToken::new();
     tokio::spawn(residency.clone().follow_runtime(stop_work.clone()));
 
-    let client = nats::connect(&cli.nats_url, &format!("taskfleet-sidecar {worker_id}")).await?;
+    let access = nats::Access {
+        user: cli.nats_user.clone(),
+        password: cli.nats_password.clone(),
+        creds: cli.nats_creds.clone(),
+        tls_ca: cli.nats_tls_ca.clone(),
+        tls_cert: cli.nats_tls_cert.clone(),
+        tls_key: cli.nats_tls_key.clone(),
+        tls: cli.nats_tls,
+    };
+    let name = format!("taskfleet-sidecar {worker_id}");
+    let client = nats::connect(&cli.nats_url, &name, &access).await?;
     let js = async_nats::jetstream::new(client.clone());
     let heartbeat_every = Duration::from_millis(cli.heartbeat_ms);
     let buckets = until_ok("KV buckets", &signalled, || async {

@@ -2,9 +2,11 @@
 //! created elsewhere (the gateway and `taskfleet up`); creating a missing one here with the
 //! settings of ARCHITECTURE.md lets a worker start first without a manual step.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, object_store, stream};
+use async_nats::ServerAddr;
 use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
@@ -15,9 +17,72 @@ pub const PLACEMENTS_BUCKET: &str = "placements";
 pub const WORKERS_BUCKET: &str = "workers";
 pub const PAYLOADS_BUCKET: &str = "payloads";
 
+/// How to authenticate to NATS and whether to use TLS (all optional).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub creds: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls: bool,
+}
+
+/// The servers of a comma-separated URL list.
+pub fn server_addrs(urls: &str) -> Result<Vec<ServerAddr>> {
+    let addrs = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<ServerAddr>()
+                .map_err(|e| Error::Config(format!("bad NATS URL {u:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if addrs.is_empty() {
+        return Err(Error::Config("no NATS URL given".into()));
+    }
+    Ok(addrs)
+}
+
 /// Connects and keeps reconnecting forever, also when the server is not up yet at start.
-pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client> {
-    async_nats::ConnectOptions::new()
+pub async fn connect(urls: &str, name: &str, access: &Access) -> Result<async_nats::Client> {
+    let servers = server_addrs(urls)?;
+    for path in [
+        &access.creds,
+        &access.tls_ca,
+        &access.tls_cert,
+        &access.tls_key,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !path.is_file() {
+            return Err(Error::Config(format!("no such file: {}", path.display())));
+        }
+    }
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(user) = &access.user {
+        let password = access.password.clone().unwrap_or_default();
+        options = options.user_and_password(user.clone(), password);
+    }
+    if let Some(creds) = &access.creds {
+        options = options
+            .credentials_file(creds)
+            .await
+            .map_err(Error::nats(format!("read {}", creds.display())))?;
+    }
+    if let Some(ca) = &access.tls_ca {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&access.tls_cert, &access.tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    if access.tls || access.tls_ca.is_some() {
+        options = options.require_tls(true);
+    }
+    options
         .name(name)
         .retry_on_initial_connect()
         .max_reconnects(None)
@@ -28,9 +93,9 @@ pub async fn connect(url: &str, name: &str) -> Result<async_nats::Client> {
                 other => tracing::info!(event = %other, "NATS event"),
             }
         })
-        .connect(url)
+        .connect(servers)
         .await
-        .map_err(Error::nats(format!("connect to {url}")))
+        .map_err(Error::nats(format!("connect to {urls}")))
 }
 
 pub async fn tasks_stream(js: &jetstream::Context) -> Result<stream::Stream> {
@@ -143,5 +208,20 @@ impl Payloads {
         if let Err(e) = deleted {
             tracing::warn!(key, error = %e, "could not delete payload object");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_addrs;
+
+    #[test]
+    fn a_url_list_names_every_node() {
+        let addrs = server_addrs("nats://a:4222, tls://b:4223,,nats://c:4224").unwrap();
+        let hosts: Vec<_> = addrs.iter().map(|a| a.host().to_string()).collect();
+        assert_eq!(hosts, ["a", "b", "c"]);
+        assert!(addrs[1].tls_required());
+        assert!(server_addrs(" , ").is_err());
+        assert!(server_addrs("nats://a:notaport").is_err());
     }
 }

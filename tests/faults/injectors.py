@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.embedded_nats import EmbeddedNatsCluster
 from taskfleet.stack import SidecarProcess
 from tests.fleet_fixture import LocalFleet, wait_until
 
@@ -108,3 +109,16 @@ def restart_nats(fleet: LocalFleet, down_s: float = 1.0) -> Window:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def kill_nats_node(fleet: LocalFleet, index: int, down_s: float = 3.0) -> Window:
+    """SIGKILL one node of the fleet's NATS cluster; it starts again after ``down_s`` (same
+    ports and store) and rejoins."""
+    cluster = fleet.nats
+    assert isinstance(cluster, EmbeddedNatsCluster)
+    window = Window(f"kill -9 nats node {index}")
+    node = cluster.nodes[index]
+    node.kill()
+    time.sleep(down_s)
+    node.start()
+    return window.close()

@@ -23,6 +23,7 @@ from serving.placements import model_key
 from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol, Tally
 from tests.faults.injectors import (
     Window,
+    kill_nats_node,
     kill_runtime,
     kill_sidecar,
     restart_nats,
@@ -229,6 +230,22 @@ def restart_nats_under_load(
     client = _client(fleet, task, reference, load)
     tally, window = run_stream(fleet, client, _counted(load), load.concurrency, fault)
     return FaultRun("nats-server restart", tally, window)
+
+
+def kill_nats_node_under_load(
+    fleet: LocalFleet, task: str, reference: Reference, load: Load, down_s: float = 3.0
+) -> FaultRun:
+    """kill -9 of the NATS cluster node the gateway is connected to, mid-stream; it starts
+    again after ``down_s`` and rejoins (streams and KV are R3: two nodes keep a quorum)."""
+    index = fleet.gateway_nats_node()
+
+    def fault(tally: Tally) -> Window:
+        _when_sent(tally, 0.2, load)
+        return kill_nats_node(fleet, index, down_s=down_s)
+
+    client = _client(fleet, task, reference, load)
+    tally, window = run_stream(fleet, client, _counted(load), load.concurrency, fault)
+    return FaultRun("kill -9 nats node", tally, window, {"node": index})
 
 
 def promote_with_control_plane_restart(
