@@ -98,41 +98,78 @@ pub async fn connect(urls: &str, name: &str, access: &Access) -> Result<async_na
         .map_err(Error::nats(format!("connect to {urls}")))
 }
 
+/// Copies of a new stream or bucket: 3 on a cluster of 3 nodes or more (the server's INFO
+/// names every node's client address in `connect_urls`), else 1; as `layout_replicas` in
+/// serving/nats_layout.py.
+pub fn layout_replicas(js: &jetstream::Context) -> usize {
+    replicas_for(js.client().server_info().connect_urls.len())
+}
+
+fn replicas_for(nodes: usize) -> usize {
+    if nodes >= 3 {
+        3
+    } else {
+        1
+    }
+}
+
+/// A stream, created with `config` (and the cluster's replicas) when missing. The replicas are
+/// counted after the look-up: the client knows the server's INFO only once connected.
+async fn stream_with(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+) -> Result<stream::Stream> {
+    if let Ok(found) = js.get_stream(&config.name).await {
+        return Ok(found);
+    }
+    config.num_replicas = layout_replicas(js);
+    let name = config.name.clone();
+    js.get_or_create_stream(config)
+        .await
+        .map_err(Error::nats(format!("get or create stream {name}")))
+}
+
 pub async fn tasks_stream(js: &jetstream::Context) -> Result<stream::Stream> {
-    js.get_or_create_stream(stream::Config {
-        name: TASKS_STREAM.into(),
-        subjects: vec!["tasks.>".into()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        storage: stream::StorageType::File,
-        max_age: Duration::from_secs(24 * 3600),
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
+    stream_with(
+        js,
+        stream::Config {
+            name: TASKS_STREAM.into(),
+            subjects: vec!["tasks.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_age: Duration::from_secs(24 * 3600),
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        },
+    )
     .await
-    .map_err(Error::nats("get or create stream TASKS"))
 }
 
 pub async fn dlq_stream(js: &jetstream::Context) -> Result<stream::Stream> {
-    js.get_or_create_stream(stream::Config {
-        name: DLQ_STREAM.into(),
-        subjects: vec!["dlq.>".into()],
-        storage: stream::StorageType::File,
-        max_age: Duration::from_secs(14 * 24 * 3600),
-        ..Default::default()
-    })
+    stream_with(
+        js,
+        stream::Config {
+            name: DLQ_STREAM.into(),
+            subjects: vec!["dlq.>".into()],
+            storage: stream::StorageType::File,
+            max_age: Duration::from_secs(14 * 24 * 3600),
+            ..Default::default()
+        },
+    )
     .await
-    .map_err(Error::nats("get or create stream DLQ"))
 }
 
 /// A KV bucket, created with `config` when missing.
-pub async fn key_value(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store> {
+pub async fn key_value(js: &jetstream::Context, mut config: kv::Config) -> Result<kv::Store> {
     let bucket = config.bucket.clone();
     match js.get_key_value(&bucket).await {
         Ok(store) => Ok(store),
-        Err(_) => js
-            .create_key_value(config)
-            .await
-            .map_err(Error::nats(format!("create KV bucket {bucket}"))),
+        Err(_) => {
+            config.num_replicas = layout_replicas(js);
+            js.create_key_value(config)
+                .await
+                .map_err(Error::nats(format!("create KV bucket {bucket}")))
+        }
     }
 }
 
@@ -169,6 +206,7 @@ pub async fn payloads_bucket(js: &jetstream::Context) -> Result<object_store::Ob
             .create_object_store(object_store::Config {
                 bucket: PAYLOADS_BUCKET.into(),
                 max_age: Duration::from_secs(24 * 3600),
+                num_replicas: layout_replicas(js),
                 ..Default::default()
             })
             .await
@@ -213,7 +251,16 @@ impl Payloads {
 
 #[cfg(test)]
 mod tests {
-    use super::server_addrs;
+    use super::{replicas_for, server_addrs};
+
+    #[test]
+    fn three_nodes_or_more_get_three_replicas() {
+        assert_eq!(
+            [0, 1, 2, 3, 5].map(replicas_for),
+            [1, 1, 1, 3, 3],
+            "a cluster of 2 cannot keep a quorum of 3"
+        );
+    }
 
     #[test]
     fn a_url_list_names_every_node() {

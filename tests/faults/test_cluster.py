@@ -6,6 +6,7 @@ wrong; the node starts again and rejoins."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,43 @@ def test_kill_a_nats_node_under_load(
     problems = run.tally.problems()
     assert not problems, (problems, row)
     assert run.tally.answered == LOAD.calls, row
+
+
+def test_a_sidecar_that_starts_first_creates_its_buckets_at_r3(tmp_path: Path) -> None:
+    """The Rust side counts the cluster's nodes as the Python side does."""
+    from serving.embedded_nats import EmbeddedNatsCluster
+    from taskfleet.stack import SidecarProcess, find_sidecar_binary
+    from tests.fleet_fixture import wait_until
+
+    cluster = EmbeddedNatsCluster(tmp_path / "nats", 3).start()
+    sidecar = SidecarProcess(
+        binary=find_sidecar_binary(),
+        nats_url=cluster.url,
+        worker_id="first",
+        run_dir=tmp_path / "run",
+        extra_args=["--heartbeat-ms", "300"],
+    )
+    try:
+        sidecar.start()
+
+        async def buckets() -> dict[str, int]:
+            nc = await nats.connect(servers=cluster.url.split(","))
+            try:
+                js = nc.jetstream()
+                found = {}
+                for name in ("KV_placements", "KV_workers"):
+                    with contextlib.suppress(nats.js.errors.NotFoundError):
+                        found[name] = (await js.stream_info(name)).config.num_replicas or 1
+                return found
+            finally:
+                await nc.close()
+
+        def both() -> dict[str, int] | None:
+            found = asyncio.run(buckets())
+            return found if len(found) == 2 else None
+
+        made = wait_until(both, timeout_s=60)
+        assert made == {"KV_placements": 3, "KV_workers": 3}, sidecar.log_tail()
+    finally:
+        sidecar.stop()
+        cluster.stop()
