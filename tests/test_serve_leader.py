@@ -28,7 +28,7 @@ import pytest
 from registry import Registry
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.leader import LEADER_KEY, LeaderRecord
-from serving.nats_layout import LEADER_TTL_S, ensure_layout
+from serving.nats_layout import LEADER_BUCKET, LEADER_TTL_S, PLACEMENTS_BUCKET, ensure_layout
 from serving.placements import decode_placement
 from tests.fleet_fixture import wait_until
 from tests.nats_fixture import running_nats, unique_task
@@ -116,35 +116,32 @@ def _promote(serve: Serve, token: str, task: str) -> int:
     return epoch
 
 
-async def _kv_epoch(nats_url: str, task: str) -> int | None:
+async def _kv_value(nats_url: str, bucket: str, key: str) -> bytes | None:
+    """The value under ``key`` in KV ``bucket``, read straight from NATS; None when absent."""
     nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=1)
     try:
-        kv = (await ensure_layout(nc.jetstream())).placements
+        await ensure_layout(nc.jetstream())
+        kv = await nc.jetstream().key_value(bucket)
         try:
-            entry = await kv.get(task)
+            return (await kv.get(key)).value or b""
         except nats.js.errors.NotFoundError:
             return None
-        return decode_placement(entry.value or b"").epoch
     finally:
         await nc.close()
 
 
-async def _lock_holder(nats_url: str) -> str | None:
-    nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=1)
-    try:
-        kv = (await ensure_layout(nc.jetstream())).leader
-        try:
-            entry = await kv.get(LEADER_KEY)
-        except nats.js.errors.NotFoundError:
-            return None
-        record = LeaderRecord.unpack(entry.value)
-        return record.holder if record else None
-    finally:
-        await nc.close()
+def _kv_epoch(nats_url: str, task: str) -> int | None:
+    value = asyncio.run(_kv_value(nats_url, PLACEMENTS_BUCKET, task))
+    return None if value is None else decode_placement(value).epoch
+
+
+def _lock_holder(nats_url: str) -> str | None:
+    record = LeaderRecord.unpack(asyncio.run(_kv_value(nats_url, LEADER_BUCKET, LEADER_KEY)))
+    return record.holder if record else None
 
 
 def _published(nats_url: str, task: str, epoch: int) -> bool:
-    return (asyncio.run(_kv_epoch(nats_url, task)) or 0) >= epoch
+    return (_kv_epoch(nats_url, task) or 0) >= epoch
 
 
 @pytest.fixture
@@ -181,7 +178,7 @@ def test_two_serves_one_leads_and_the_other_takes_over_after_kill9(
         wait_until(roles, timeout_s=30)
         leader = next(s for s in both if s.health()["publisher"] == "leader")
         standby = second if leader is first else first
-        holder = asyncio.run(_lock_holder(nats_server.url))
+        holder = _lock_holder(nats_server.url)
         assert holder == leader.health()["holder"]
         assert standby.health()["leader"] == holder  # the standby names who leads
         # Both stay as they are: nobody steals a lock that is renewed.
