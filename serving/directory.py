@@ -1,7 +1,7 @@
 """KV ``directory``: what gateways need from the registry, published so they never read it.
 
 The leading control plane (``serving/control.py``, through the publisher in
-``serving/placements.py``) writes, for every task ``task.<name>`` and for every API key
+``serving/placements.py``) writes, for every task ``task.<name>`` (its kind) and for every API key
 ``key.<prefix>`` (name, sha256 of the token, roles, task list, quota, revoked or not: never a
 usable key), then ``meta`` last. A gateway watches the bucket (``serving/gateway/view.py``):
 it authenticates from these records, tells an unknown task (404) from an unplaced one (503),
@@ -110,14 +110,22 @@ def key_record(digest: e.ApiKeyDigest) -> KeyRecord:
     )
 
 
-def task_value(task: str) -> bytes:
-    return msgpack.packb({"name": task})
+def task_value(task: str, kind: str) -> bytes:
+    return msgpack.packb({"name": task, "kind": kind})
+
+
+def task_kind(data: bytes) -> str:
+    """The kind of a ``task.<name>`` value (retrieval, rerank, classification, ...)."""
+    try:
+        return _str(msgpack.unpackb(data, raw=False)["kind"])
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        raise DirectoryError(f"not a task record: {exc}") from None
 
 
 def desired_entries(registry: Registry) -> dict[str, bytes]:
     """What the bucket should hold now, from the registry (two reads; blocking: run it in a
     thread)."""
-    entries = {TASK_PREFIX + t.name: task_value(t.name) for t in registry.list_tasks()}
+    entries = {TASK_PREFIX + t.name: task_value(t.name, t.kind) for t in registry.list_tasks()}
     for digest in registry.api_key_digests():
         entries[KEY_PREFIX + digest.key.prefix] = key_record(digest).pack()
     return entries

@@ -99,6 +99,7 @@ def test_revocation_reaches_the_gateway_within_seconds(
         # What NATS holds: the digest and scope, never the key.
         values = asyncio.run(_directory(nats_server.url))
         assert not any(token.encode() in v for v in values.values())
+        assert msgpack.unpackb(values[TASK_PREFIX + task]) == {"name": task, "kind": "retrieval"}
         record = msgpack.unpackb(next(v for k, v in values.items() if k.startswith(KEY_PREFIX)))
         assert record["revoked"] is True and record["hash"] is None
         assert record["tasks"] == [task] and record["roles"] == ["caller"]

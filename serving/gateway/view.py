@@ -22,7 +22,14 @@ from nats.js import JetStreamContext
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from serving import nats_layout
-from serving.directory import KEY_PREFIX, META_KEY, TASK_PREFIX, DirectoryError, KeyRecord
+from serving.directory import (
+    KEY_PREFIX,
+    META_KEY,
+    TASK_PREFIX,
+    DirectoryError,
+    KeyRecord,
+    task_kind,
+)
 from serving.protocol import PlacementValue, ProtocolError, from_wire, unpack
 
 log = logging.getLogger(__name__)
@@ -35,7 +42,7 @@ SYNC_FALLBACK_S = 10.0
 class FleetView:
     def __init__(self) -> None:
         self.keys: dict[str, KeyRecord] = {}  # by token prefix
-        self.tasks: set[str] = set()
+        self.tasks: dict[str, str] = {}  # name -> kind
         self.placements: dict[str, PlacementValue] = {}
         # The control plane has published the directory at least once (its `meta` was seen).
         self.directory_published = False
@@ -127,9 +134,13 @@ class FleetView:
         elif key.startswith(TASK_PREFIX):
             name = key.removeprefix(TASK_PREFIX)
             if gone:
-                self.tasks.discard(name)
-            else:
-                self.tasks.add(name)
+                self.tasks.pop(name, None)
+                return
+            try:
+                self.tasks[name] = task_kind(entry.value or b"")
+            except DirectoryError as exc:
+                log.warning("ignoring a bad task record under %r: %s", key, exc)
+                self.tasks.pop(name, None)
         elif key.startswith(KEY_PREFIX):
             prefix = key.removeprefix(KEY_PREFIX)
             if gone:
