@@ -43,6 +43,7 @@ def create_app(
     )
     control = ControlPlane(registry, require_auth, throttle or LoginThrottle())
     app.state.control = control
+    app.state.health = health
     app.include_router(router)
 
     @app.get("/healthz")

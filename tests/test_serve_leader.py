@@ -224,12 +224,14 @@ def test_serve_with_nats_down_serves_the_dashboard_and_publishes_once_nats_is_up
     with serving(home, url, "down") as serve:
         wait_until(lambda: "waits for it" in serve.output(), timeout_s=30)
         assert serve.health()["publisher"] == "waiting for NATS"
-        assert httpx.get(f"{serve.url}/login", timeout=10).status_code == 200
+        login = httpx.get(f"{serve.url}/login", timeout=10)
+        assert login.status_code == 200 and "Publishing to the fleet waits for NATS" in login.text
         epoch = _promote(serve, token, task)  # recorded; published once NATS is up
         server = EmbeddedNats(tmp_path / "late-nats", port=port).start()
         try:
             wait_until(lambda: _published(url, task, epoch), timeout_s=30)
             assert serve.health()["publisher"] == "leader"
+            assert "waits for NATS" not in httpx.get(f"{serve.url}/login", timeout=10).text
         finally:
             server.stop()
 

@@ -66,8 +66,25 @@ templates.env.filters.update(ago=_ago, stamp=_stamp, num=_num, bytes=_bytes, pat
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     context.setdefault("user", getattr(request.state, "user", None))
-    context.update(csrf=csrf_token(request), flashes=pop_flashes(request))
+    context.update(
+        csrf=csrf_token(request),
+        flashes=pop_flashes(request),
+        publishing=publishing_notice(request),
+    )
     return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def publishing_notice(request: Request) -> str | None:
+    """What every page says while this control plane cannot publish to the fleet (the shell
+    reports its NATS side through the app's ``health`` hook; the registry knows no NATS)."""
+    health = getattr(request.app.state, "health", None)
+    status = health() if health is not None else {}
+    if status.get("publisher") != "waiting for NATS":
+        return None
+    return (
+        f"Publishing to the fleet waits for NATS ({status.get('nats', 'not reachable')}): "
+        "promotions and rollbacks are recorded and reach the workers once NATS is back."
+    )
 
 
 def wants_json(request: Request) -> bool:
