@@ -257,7 +257,11 @@ def dlq_replay(
 # ---- one worker --------------------------------------------------------------------------
 def worker(
     nats_url: str = typer.Option(
-        ..., "--nats-url", envvar="TASKFLEET_NATS_URL", help="NATS server or cluster URL."
+        ...,
+        "--nats-url",
+        envvar="TASKFLEET_NATS_URL",
+        help="NATS server URL(s), comma-separated for a cluster; credentials and TLS: see "
+        "`taskfleet --help`.",
     ),
     cache_dir: Path = typer.Option(
         ...,
@@ -283,6 +287,8 @@ def worker(
         runtime_args,
     )
 
+    nats = get_settings().nats_options(nats_url)
+    assert nats is not None  # the option is required
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         binary = find_sidecar_binary(sidecar_bin)
@@ -296,14 +302,14 @@ def worker(
         check_sidecar_runtimes(binary, [runtime])
     except (StackError, OSError) as exc:
         raise _fail(str(exc)) from None
-    command = [str(binary), "--nats-url", nats_url, *flags]
+    command = [str(binary), *nats.sidecar_args(), *flags]
     command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
     if worker_id:
         command += ["--worker-id", worker_id]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **nats.sidecar_env()}
     # The torch runtime is `python -m serving.runtime.server`: it must find the project.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    out.print(f"worker ({runtime}) -> {nats_url}; cache {cache_dir}")
+    out.print(f"worker ({runtime}) -> {nats}; cache {cache_dir}")
     # The sidecar takes this process's place: signals reach it directly.
     os.execve(str(binary), command, env)
 
