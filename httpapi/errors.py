@@ -42,6 +42,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"
     # 5xx: ours or a dependency's
     INTERNAL = "INTERNAL"
+    NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
     ARTIFACT_ERROR = "ARTIFACT_ERROR"
     UNKNOWN_OP = "UNKNOWN_OP"
     LOAD_FAILED = "LOAD_FAILED"
@@ -90,6 +91,7 @@ CODES: dict[ErrorCode, CodeInfo] = {
     _C.UNSUPPORTED_MEDIA_TYPE: CodeInfo(415, False, "the body's Content-Type is not accepted"),
     _C.RATE_LIMITED: CodeInfo(429, True, "too many attempts; wait for Retry-After seconds"),
     _C.INTERNAL: CodeInfo(500, False, "a bug or an unforeseen failure; the server log has it"),
+    _C.NOT_IMPLEMENTED: CodeInfo(501, False, "this server was not set up for the route"),
     _C.ARTIFACT_ERROR: CodeInfo(500, False, "a stored artifact is missing or corrupted"),
     _C.UNKNOWN_OP: CodeInfo(502, False, "a worker's runtime did not know the operation"),
     _C.LOAD_FAILED: CodeInfo(502, False, "a worker could not load the model"),

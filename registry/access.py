@@ -18,6 +18,7 @@ from registry.entities import ApiKey, Worker
 from registry.errors import PermissionDenied, Unauthenticated
 from registry.keys import key_prefix
 from registry.promotions import PROMOTE_ROLES
+from registry.rest_bodies import SuiteReader
 from registry.service import Registry
 from registry.throttle import LoginThrottle
 
@@ -87,6 +88,7 @@ class ControlPlane:
     registry: Registry
     require_auth: bool = True
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    read_suite: SuiteReader | None = None  # reads suite folders for POST /api/v1/suites
 
 
 def visible_workers(workers: list[Worker], who: Principal) -> list[Worker]:

@@ -15,6 +15,7 @@ from registry.access import ControlPlane
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
 from registry.rest import router
+from registry.rest_bodies import SuiteReader
 from registry.service import Registry
 from registry.throttle import LoginThrottle
 
@@ -29,10 +30,13 @@ def create_app(
     secure_cookies: bool = False,
     throttle: LoginThrottle | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
+    read_suite: SuiteReader | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
-    what the shell knows (e.g. whether this process publishes placements) to /healthz."""
+    what the shell knows (e.g. whether this process publishes placements) to /healthz.
+    `read_suite` lets `POST /api/v1/suites` read suite folders (the shell wires the eval harness
+    in: the registry must not import it); without it that route answers 501 NOT_IMPLEMENTED."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -41,7 +45,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    control = ControlPlane(registry, require_auth, throttle or LoginThrottle())
+    control = ControlPlane(registry, require_auth, throttle or LoginThrottle(), read_suite)
     app.state.control = control
     app.state.health = health
     app.include_router(router)

@@ -12,9 +12,17 @@ from sqlalchemy.orm import Session
 from registry import entities as e
 from registry.base import ServiceBase
 from registry.errors import AlreadyExists, InvalidInput, LineageError, NotFound
-from registry.fingerprint import read_sentence_transformer_info, tree_sha256
+from registry.fingerprint import (
+    HEAD_MANIFEST,
+    LORA_CONFIG,
+    read_head_kind,
+    read_sentence_transformer_info,
+    sequence_classifier_labels,
+    tree_sha256,
+)
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, TaskRow
 from registry.runtimes import DEFAULT_RUNTIME, check_runtime_kinds
+from registry.suites import SUITE_KINDS, newest_suite_row
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.
@@ -25,8 +33,17 @@ _PATTERNS = {
     "candidate": (CANDIDATE_NAME_RE, "'.', '_', '+' or '-'"),
     "task": (TASK_NAME_RE, "'_' or '-'"),
 }
-TASK_KINDS = ("retrieval",)
-CANDIDATE_KINDS = ("embedding", "bm25")
+TASK_KINDS = SUITE_KINDS  # a task has the kind of its suite
+# What can compete on a task of each kind. Model-free baselines have no base or adapter.
+CANDIDATE_KINDS: dict[str, tuple[str, ...]] = {
+    "retrieval": ("embedding", "bm25"),
+    "rerank": ("cross-encoder", "embedding", "bm25", "random"),
+    "classification": ("classifier", "tfidf-lr", "majority"),
+}
+BASELINE_KINDS = ("bm25", "random", "tfidf-lr", "majority")
+# The task head a model candidate needs: in its adapter artifact, or a transformers
+# sequence-classification base (a Hugging Face cross-encoder or classifier) without adapter.
+_HEAD_OF_KIND = {"cross-encoder": "score", "classifier": "classify", "embedding": None}
 
 
 def check_name(kind: str, name: str) -> str:
@@ -58,20 +75,32 @@ class CatalogMixin(ServiceBase):
         name: str,
         *,
         suite: str,
-        kind: str = "retrieval",
+        kind: str | None = None,
         description: str = "",
         owner: str = "",
         margin: float = 0.0,
         auto_promote: bool = False,
     ) -> e.Task:
+        """Bind a new task to a registered suite; the task has the suite's kind."""
         check_name("task", name)
-        if kind not in TASK_KINDS:
+        if kind is not None and kind not in TASK_KINDS:
             raise InvalidInput(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
         if margin < 0:
             raise InvalidInput("margin must be >= 0")
         with self._write() as s:
             if s.scalar(select(TaskRow).where(TaskRow.name == name)):
                 raise AlreadyExists(f"task {name!r} already exists")
+            suite_row = newest_suite_row(s, suite)
+            if suite_row is None:
+                raise NotFound(
+                    f"unknown suite {suite!r}; register it first with `taskfleet suite add "
+                    f"{suite} --kind KIND --path DIR`"
+                )
+            if kind is not None and kind != suite_row.kind:
+                raise InvalidInput(
+                    f"suite {suite!r} is a {suite_row.kind} suite; task {name!r} cannot be {kind}"
+                )
+            kind = suite_row.kind
             row = TaskRow(
                 name=name,
                 kind=kind,
@@ -195,8 +224,11 @@ class CatalogMixin(ServiceBase):
                         f"adapter {name!r} is on base {base!r} but its parent {parent!r} is on "
                         f"base {parent_base.name if parent_base else '?'!r}"
                     )
-        if not (source_dir / "adapter_config.json").is_file():
-            raise InvalidInput(f"not a peft adapter folder (no adapter_config.json): {source_dir}")
+        if not (source_dir / LORA_CONFIG).is_file() and not (source_dir / HEAD_MANIFEST).is_file():
+            raise InvalidInput(
+                f"not an adapter folder (neither a peft {LORA_CONFIG} nor a task head "
+                f"{HEAD_MANIFEST}): {source_dir}"
+            )
         digest = self.artifacts.put_dir(source_dir)
         with self._write() as s:
             base_row = _model_row(s, base)
@@ -262,17 +294,30 @@ class CatalogMixin(ServiceBase):
         name: str | None = None,
         base: str | None = None,
         adapter: str | None = None,
-        kind: str = "embedding",
+        kind: str | None = None,
     ) -> e.Candidate:
-        if kind not in CANDIDATE_KINDS:
-            raise InvalidInput(f"unknown candidate kind {kind!r}; known: {CANDIDATE_KINDS}")
+        """Add a candidate; ``kind`` defaults to the task kind's model candidate."""
+        with self._read() as s:
+            task_kind = _task_row(s, task).kind
+        allowed = CANDIDATE_KINDS.get(task_kind, ())
+        kind = kind or allowed[0]
+        if kind not in allowed:
+            known = sorted({k for kinds in CANDIDATE_KINDS.values() for k in kinds})
+            hint = f"; a {task_kind} task takes {', '.join(allowed)}" if kind in known else ""
+            raise InvalidInput(
+                f"candidate kind {kind!r} does not fit task {task!r}{hint}"
+                if hint
+                else f"unknown candidate kind {kind!r}; known: {', '.join(known)}"
+            )
+        if kind not in BASELINE_KINDS:
+            self._check_model_candidate(task, kind, base, adapter)
         with self._write() as s:
             task_row = _task_row(s, task)
             base_row = adapter_row = None
-            if kind == "bm25":
+            if kind in BASELINE_KINDS:
                 if base or adapter:
-                    raise InvalidInput("a bm25 candidate takes no base model or adapter")
-                signature = "bm25"
+                    raise InvalidInput(f"a {kind} candidate takes no base model or adapter")
+                signature = kind
             else:
                 if adapter is not None:
                     adapter_row = _adapter_row(s, adapter)
@@ -287,7 +332,7 @@ class CatalogMixin(ServiceBase):
                 elif base is not None:
                     base_row = _model_row(s, base)
                 else:
-                    raise InvalidInput("an embedding candidate needs --base or --adapter")
+                    raise InvalidInput(f"a {kind} candidate needs --base or --adapter")
                 signature = f"model:{base_row.id}:adapter:{adapter_row.id if adapter_row else '-'}"
             cand_name = check_name(
                 "candidate", name or _default_candidate_name(kind, base_row, adapter_row)
@@ -317,6 +362,32 @@ class CatalogMixin(ServiceBase):
             self._audit(s, "candidate.add", "candidate", f"{task}/{cand_name}", {"kind": kind})
             return candidate_entity(s, row)
 
+    def _check_model_candidate(
+        self, task: str, kind: str, base: str | None, adapter: str | None
+    ) -> None:
+        """The artifact must carry the head the kind needs (read from the stored files)."""
+        need = _HEAD_OF_KIND[kind]
+        if adapter is not None:
+            head = read_head_kind(self.adapter_path(adapter))
+            if head != need:
+                has = f"a {head!r} head" if head else "no task head (a LoRA only)"
+                wants = f"a {need!r} head" if need else "no task head"
+                raise InvalidInput(
+                    f"adapter {adapter!r} has {has}; a {kind} candidate of task {task!r} "
+                    f"needs {wants}"
+                )
+            return
+        if base is None or need is None:
+            return
+        labels = sequence_classifier_labels(self.model_path(base))
+        if labels is None or (need == "score" and labels != 1):
+            raise InvalidInput(
+                f"base model {base!r} is not a "
+                + ("one-logit cross-encoder" if need == "score" else "sequence classifier")
+                + f"; a {kind} candidate needs an adapter with a {need!r} head "
+                f"(`taskfleet finetune lora {task} --base {base}`) or such a base model"
+            )
+
     def get_candidate(self, task: str, name: str) -> e.Candidate:
         with self._read() as s:
             return candidate_entity(s, _candidate_row(s, task, name))
@@ -344,8 +415,8 @@ class CatalogMixin(ServiceBase):
 def _default_candidate_name(
     kind: str, base: BaseModelRow | None, adapter: AdapterRow | None
 ) -> str:
-    if kind == "bm25":
-        return "bm25"
+    if kind in BASELINE_KINDS:
+        return kind
     assert base is not None
     return f"{base.name}+{adapter.name}" if adapter else base.name
 

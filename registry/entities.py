@@ -8,6 +8,47 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class SuiteCreate:
+    """A suite declaration as the eval harness read and fingerprinted it."""
+
+    name: str
+    kind: str  # "retrieval" | "rerank" | "classification"
+    location: str  # absolute, or relative to the data root
+    test_split: str
+    main_metric: str
+    metrics: list[str]
+    fingerprint: str
+    train_split: str | None = None
+    description: str = ""
+    mteb_task: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One registered version of a suite; versions count up per name from 1."""
+
+    id: int
+    name: str
+    version: int
+    kind: str
+    location: str
+    test_split: str
+    train_split: str | None
+    main_metric: str
+    metrics: list[str]
+    description: str
+    fingerprint: str
+    mteb_task: str | None
+    stats: dict[str, Any]
+    created_at: datetime
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return (self.test_split, self.train_split) if self.train_split else (self.test_split,)
+
+
+@dataclass(frozen=True)
 class Task:
     id: int
     name: str
@@ -66,7 +107,9 @@ class Candidate:
     id: int
     name: str
     task: str
-    kind: str  # "embedding" (base model + optional adapter) or "bm25" (lexical)
+    # retrieval: "embedding" | "bm25"; rerank: "embedding" (bi-encoder), "cross-encoder",
+    # "bm25", "random"; classification: "classifier", "tfidf-lr", "majority"
+    kind: str
     base_model: str | None
     adapter: str | None
     created_at: datetime
@@ -95,6 +138,7 @@ class EvalRunCreate:
     mlflow_run_id: str | None = None
     wall_seconds: float = 0.0
     runtime: str | None = None  # the runtime it was scored through; None for bm25
+    details: dict[str, Any] | None = None
 
     @property
     def main_score(self) -> float:
@@ -124,6 +168,7 @@ class EvalRun:
     wall_seconds: float
     created_at: datetime
     runtime: str | None = None
+    details: dict[str, Any] | None = None
 
     @property
     def main_score(self) -> float:

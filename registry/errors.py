@@ -56,3 +56,10 @@ class DatabaseError(RegistryError):
     """The database URL is malformed or the database cannot be reached."""
 
     code = ErrorCode.DATABASE_ERROR
+
+
+class NotImplementedHere(RegistryError):
+    """This process was not given what the route needs (a control plane without a suite
+    reader); another deployment of the same API answers it."""
+
+    code = ErrorCode.NOT_IMPLEMENTED

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry import entities as e
 from registry.base import ServiceBase
-from registry.catalog import _candidate_row, _task_row
+from registry.catalog import BASELINE_KINDS, _candidate_row, _task_row
 from registry.errors import InvalidInput, NotFound
-from registry.models import CandidateRow, EvalRunRow, TaskRow
+from registry.models import CandidateRow, EvalRunRow, SuiteRow, TaskRow
 from registry.runtimes import DEFAULT_RUNTIME, RUNTIME_KINDS
+from registry.suites import newest_suite_row
 
 
 class EvalRunMixin(ServiceBase):
     def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
+        """Record a complete run, scored on a registered version of the task's own suite."""
         _validate(run)
         with self._write() as s:
             cand = _candidate_row(s, run.task, run.candidate)
+            run = replace(run, suite_version=str(_scored_version(s, run).version))
             row = EvalRunRow(
                 candidate_id=cand.id,
                 suite_name=run.suite_name,
@@ -39,7 +43,8 @@ class EvalRunMixin(ServiceBase):
                 mlflow_run_id=run.mlflow_run_id,
                 wall_seconds=run.wall_seconds,
                 # A model's run that names no runtime was scored in-process, by torch.
-                runtime=run.runtime or (None if cand.kind == "bm25" else DEFAULT_RUNTIME),
+                runtime=run.runtime or (None if cand.kind in BASELINE_KINDS else DEFAULT_RUNTIME),
+                details=dict(run.details) if run.details is not None else None,
             )
             s.add(row)
             s.flush()
@@ -81,6 +86,48 @@ class EvalRunMixin(ServiceBase):
                 return run
         return None
 
+    def leaderboard(self, task: str) -> dict[str, e.EvalRun]:
+        """Per candidate, the run that ranks it: on the newest version of the task's suite and
+        its test split only (a run of another version, another folder or the training split
+        never ranks), the newest full run, else the newest sampled one."""
+        with self._read() as s:
+            task_row = _task_row(s, task)
+            suite = newest_suite_row(s, task_row.suite)
+            if suite is None:
+                return {}
+            cands = s.scalars(select(CandidateRow).where(CandidateRow.task_id == task_row.id))
+            board: dict[str, e.EvalRun] = {}
+            for cand in cands:
+                row = ranking_run_row(s, cand.id, suite.fingerprint, suite.test_split)
+                if row is not None:
+                    board[cand.name] = eval_entity(s, row)
+            return board
+
+    def ranking_run(self, task: str, candidate: str) -> e.EvalRun | None:
+        """The run the leaderboard and the promotion rule use for this candidate."""
+        return self.leaderboard(task).get(candidate)
+
+
+def _scored_version(s: Session, run: e.EvalRunCreate) -> SuiteRow:
+    task_row = _task_row(s, run.task)
+    if run.suite_name != task_row.suite:
+        raise InvalidInput(
+            f"task {run.task!r} is scored on suite {task_row.suite!r}, not {run.suite_name!r}"
+        )
+    version = s.scalar(
+        select(SuiteRow).where(
+            SuiteRow.name == run.suite_name, SuiteRow.fingerprint == run.suite_fingerprint
+        )
+    )
+    if version is None:
+        raise InvalidInput(
+            f"suite {run.suite_name!r} has no registered version with fingerprint "
+            f"{run.suite_fingerprint[:12]}; register the data first (`taskfleet suite add`)"
+        )
+    if run.split not in (version.test_split, version.train_split):
+        raise InvalidInput(f"suite {run.suite_name!r} has no split {run.split!r}")
+    return version
+
 
 def _validate(run: e.EvalRunCreate) -> None:
     if run.main_metric not in run.metrics:
@@ -119,23 +166,27 @@ def eval_entity(s: Session, r: EvalRunRow) -> e.EvalRun:
         wall_seconds=r.wall_seconds,
         created_at=r.created_at,
         runtime=r.runtime,
+        details=dict(r.details) if r.details is not None else None,
     )
 
 
-def latest_run_row(
+def ranking_run_row(
     s: Session,
     candidate_id: int,
+    suite_fingerprint: str,
+    split: str,
     *,
-    suite_fingerprint: str | None = None,
-    split: str | None = None,
     runtime: str | None = None,
 ) -> EvalRunRow | None:
-    """The newest run of a candidate (through ``runtime``, when given)."""
-    query = select(EvalRunRow).where(EvalRunRow.candidate_id == candidate_id)
+    """Newest full run of a candidate on exactly this suite version and split (through
+    ``runtime``, when given), else its newest sampled run there."""
+    query = select(EvalRunRow).where(
+        EvalRunRow.candidate_id == candidate_id,
+        EvalRunRow.suite_fingerprint == suite_fingerprint,
+        EvalRunRow.split == split,
+    )
     if runtime is not None:
         query = query.where(EvalRunRow.runtime == runtime)
-    if suite_fingerprint is not None:
-        query = query.where(EvalRunRow.suite_fingerprint == suite_fingerprint)
-    if split is not None:
-        query = query.where(EvalRunRow.split == split)
-    return s.scalar(query.order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc()).limit(1))
+    newest = query.order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc())
+    full = s.scalar(newest.where(EvalRunRow.sample_size.is_(None)).limit(1))
+    return full if full is not None else s.scalar(newest.limit(1))

@@ -121,3 +121,37 @@ def read_sentence_transformer_info(root: Path) -> SentenceTransformerInfo:
             if "out_features" in data:  # a Dense layer after pooling changes the size
                 dims = data["out_features"]
     return SentenceTransformerInfo(dims=dims, max_seq_length=max_len)
+
+
+# The model library's artifact contract (serving/runtime/heads.py writes it): a folder may hold
+# a peft LoRA (adapter_config.json) and/or a task head described by head.json.
+HEAD_MANIFEST = "head.json"
+LORA_CONFIG = "adapter_config.json"
+
+
+def read_head_kind(folder: Path) -> str | None:
+    """ "score" or "classify" for an artifact with a task head, None for a LoRA-only one."""
+    manifest = folder / HEAD_MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        kind = json.loads(manifest.read_text()).get("kind")
+    except (json.JSONDecodeError, AttributeError):
+        return "invalid"
+    return kind if isinstance(kind, str) else "invalid"
+
+
+def sequence_classifier_labels(folder: Path) -> int | None:
+    """Number of labels of a transformers *ForSequenceClassification folder, else None."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except json.JSONDecodeError:
+        return None
+    architectures = data.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        return None
+    labels = data.get("id2label") or {}
+    return int(data.get("num_labels") or len(labels) or 2)

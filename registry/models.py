@@ -74,6 +74,36 @@ class TaskRow(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class SuiteRow(Base):
+    """One version of a declared eval suite: the declaration plus its content fingerprint.
+
+    A changed folder (or declaration) is a new version of the same name; eval runs name the
+    version they scored by its fingerprint, so two versions are never compared.
+    """
+
+    __tablename__ = "suites"
+    __table_args__ = (
+        UniqueConstraint("name", "version", name="uq_suites_name_version"),
+        UniqueConstraint("name", "fingerprint", name="uq_suites_name_fingerprint"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    # Absolute, or relative to the data root (TASKFLEET_DATA_DIR) for built-in declarations.
+    location: Mapped[str] = mapped_column(Text, nullable=False)
+    test_split: Mapped[str] = mapped_column(String(64), nullable=False)
+    train_split: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    main_metric: Mapped[str] = mapped_column(String(64), nullable=False)
+    metrics: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    description: Mapped[str] = mapped_column(Text, default="", nullable=False)
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    mteb_task: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # Counts read when the version was declared (queries, documents, items, labels).
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
 class BaseModelRow(Base):
     __tablename__ = "base_models"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -150,6 +180,9 @@ class EvalRunRow(Base):
     wall_seconds: Mapped[float] = mapped_column(Float, nullable=False)
     # The runtime the candidate was scored through (None: no model, e.g. bm25).
     runtime: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Kind-specific evidence: for classification the labels, per-item gold and predicted
+    # labels (the paired bootstrap of macro-F1 needs them), per-class F1, confusion matrix.
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = _created()
 
 

@@ -104,8 +104,8 @@ def write_epoch(
     """
     if kind not in PROMOTION_KINDS:
         raise InvalidInput(f"unknown promotion kind {kind!r}")
-    if cand.kind == "bm25":
-        raise InvalidInput("a bm25 candidate has no model to place on the fleet")
+    if cand.base_model_id is None:
+        raise InvalidInput(f"a {cand.kind} candidate has no model to place on the fleet")
     latest = latest_placement_row(s, task_row.id)
     if pinned is None:
         pinned = latest.pinned if latest else True

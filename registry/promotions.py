@@ -1,14 +1,14 @@
 """Promotion and rollback: the rule, and the one transaction (promotion record + placement).
 
 What is promoted is a *pairing*: a candidate served by a runtime (torch, candle, http). A
-challenger may be promoted when its latest eval run through that runtime beats the champion's
-run (through the champion's runtime) on the same suite version (fingerprint and split) by the
-task's margin, with the paired-bootstrap lower bound of the difference above zero. Moving the
-champion candidate to another runtime is a promotion too: it needs an eval run through the new
-runtime whose main metric is no worse than the serving pairing's by more than
-``RUNTIME_TOLERANCE`` (the same model should score the same). Otherwise only an admin may
-promote, with a reason. A pairing the runtime cannot serve (see ``registry.runtimes``) is
-refused for everyone.
+challenger may be promoted when its eval run through that runtime on the newest version of the
+task's suite (its test split) beats the champion's run (through the champion's runtime) on that
+same version by the task's margin, with the paired-bootstrap lower bound of the difference above
+zero. Runs of other suite versions never count. Moving the champion candidate to another runtime
+is a promotion too: it needs an eval run through the new runtime whose main metric is no worse
+than the serving pairing's by more than ``RUNTIME_TOLERANCE`` (the same model should score the
+same). Otherwise only an admin may promote, with a reason. A pairing the runtime cannot serve
+(see ``registry.runtimes``) is refused for everyone.
 
 Every placement epoch has a promotion row, of one of four kinds: `promote` (the rule held, or a
 first champion with an eval run), `override` (an admin, with a reason), `rollback`, and
@@ -25,9 +25,15 @@ from sqlalchemy.orm import Session
 
 from httpapi.errors import ErrorCode
 from registry import entities as e
-from registry.catalog import CatalogMixin, _candidate_row, _task_row, candidate_entity
+from registry.catalog import (
+    BASELINE_KINDS,
+    CatalogMixin,
+    _candidate_row,
+    _task_row,
+    candidate_entity,
+)
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from registry.evalruns import latest_run_row
+from registry.evalruns import ranking_run_row
 from registry.models import (
     AdapterRow,
     BaseModelRow,
@@ -45,7 +51,8 @@ from registry.placements import (
     write_epoch,
 )
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
-from registry.stats import paired_difference_ci
+from registry.stats import paired_run_difference
+from registry.suites import newest_suite_row
 
 # How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
 # through another runtime differ only by float rounding.
@@ -103,9 +110,16 @@ class PromotionMixin(CatalogMixin):
                 margin=task_row.margin,
                 champion_runtime=champ_runtime,
             )
-            if cand.kind == "bm25":
-                return _with(verdict, reason="a bm25 candidate has no model to place on the fleet")
-            run = latest_run_row(s, cand.id, runtime=runtime)
+            if cand.kind in BASELINE_KINDS:
+                return _with(
+                    verdict, reason=f"a {cand.kind} candidate has no model to place on the fleet"
+                )
+            suite = newest_suite_row(s, task_row.suite)
+            run = (
+                ranking_run_row(s, cand.id, suite.fingerprint, suite.test_split, runtime=runtime)
+                if suite
+                else None
+            )
             runtime = runtime or (run.runtime if run else None) or DEFAULT_RUNTIME
             verdict = _with(verdict, runtime=runtime)
             switch = champ is not None and champ.id == cand.id
@@ -114,28 +128,29 @@ class PromotionMixin(CatalogMixin):
             problem = _servable_problem(s, task_row, cand, runtime)
             if problem:
                 return _with(verdict, reason=problem)
-            if run is None:
+            if run is None or suite is None:
+                where = f"suite {task_row.suite}@{suite.version}" if suite else "its suite"
                 return _with(
                     verdict,
-                    reason=f"{candidate!r} has no eval run through the {runtime} runtime",
+                    reason=f"{candidate!r} has no eval run through the {runtime} runtime on the "
+                    f"test split of {where}",
                 )
             verdict = _with(verdict, main_metric=run.main_metric, challenger_run_id=run.id)
             if champ is None:
                 return _with(verdict, passes=True, reason="no champion yet; challenger evaluated")
-            champ_run = latest_run_row(
-                s,
-                champ.id,
-                suite_fingerprint=run.suite_fingerprint,
-                split=run.split,
-                runtime=champ_runtime,
+            champ_run = ranking_run_row(
+                s, champ.id, suite.fingerprint, suite.test_split, runtime=champ_runtime
             )
             if champ_run is None:
                 return _with(
                     verdict,
                     reason=f"champion {champ.name!r} has no eval run through {champ_runtime} on "
-                    "the same suite version",
+                    f"suite {suite.name}@{suite.version} (evaluate it on the new version first)",
                 )
-            interval, paired = paired_difference_ci(run.per_query, champ_run.per_query)
+            try:
+                interval, paired = paired_run_difference(run, champ_run)
+            except ValueError as exc:
+                return _with(verdict, reason=str(exc))
             verdict = _with(
                 verdict,
                 champion_run_id=champ_run.id,
@@ -197,8 +212,9 @@ class PromotionMixin(CatalogMixin):
         """
         if not set(self.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("promoting needs the promoter or admin role")
-        if self.get_candidate(task, candidate).kind == "bm25":
-            raise InvalidInput("a bm25 candidate has no model to place on the fleet")
+        candidate_kind = self.get_candidate(task, candidate).kind
+        if candidate_kind in BASELINE_KINDS:
+            raise InvalidInput(f"a {candidate_kind} candidate has no model to place on the fleet")
         check = self.check_promotion(task, candidate, runtime)
         runtime = check.runtime or DEFAULT_RUNTIME
         with self._read() as s:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Security
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from registry import entities as e
@@ -23,7 +25,7 @@ from registry.access import (
     client_of,
     visible_workers,
 )
-from registry.errors import InvalidInput, Unauthenticated
+from registry.errors import InvalidInput, NotImplementedHere, Unauthenticated
 from registry.keys import bearer_token
 from registry.promotions import UNSET
 from registry.rest_bodies import (
@@ -33,6 +35,7 @@ from registry.rest_bodies import (
     PlacementIn,
     PromoteIn,
     RollbackIn,
+    SuiteIn,
     TaskIn,
 )
 from registry.service import Registry
@@ -91,6 +94,44 @@ def _model(model: e.BaseModel, who: Principal) -> dict[str, Any]:
     if not who.is_admin:
         out.pop("path")
     return out
+
+
+def _suite(suite: e.Suite, who: Principal) -> dict[str, Any]:
+    """A suite's location is a filesystem path: for admins only, as a model's."""
+    out = asdict(suite)
+    if not who.is_admin:
+        out.pop("location")
+    return out
+
+
+@router.get("/suites")
+def list_suites(a: Act) -> list[dict[str, Any]]:
+    """The newest version of every suite (suites are shared by every task)."""
+    return [_suite(s, a.who) for s in a.reg.list_suites()]
+
+
+@router.post("/suites", status_code=201)
+def add_suite(body: SuiteIn, request: Request, a: Act) -> JSONResponse:
+    """Read, fingerprint and register a suite; 200 when that content is already a version."""
+    a.who.need("admin")
+    a.who.need_every_task("a suite")
+    read_suite = request.app.state.control.read_suite
+    if read_suite is None:
+        raise NotImplementedHere("this control plane cannot read suite folders")
+    suite, created = a.reg.add_suite(read_suite(body))
+    return JSONResponse(
+        jsonable_encoder({**_suite(suite, a.who), "created": created}),
+        status_code=201 if created else 200,
+    )
+
+
+@router.get("/suites/{name}")
+def get_suite(name: str, a: Act, version: int | None = None) -> dict[str, Any]:
+    """One version of a suite (default: the newest) and the list of its versions."""
+    return {
+        **_suite(a.reg.get_suite(name, version), a.who),
+        "versions": [v.version for v in a.reg.suite_versions(name)],
+    }
 
 
 @router.get("/tasks")

@@ -7,10 +7,12 @@ overflowed the database into a plain-text 500).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from registry import entities as e
 from registry.placements import MAX_REPLICAS
 
 # PostgreSQL text cannot hold NUL; nothing we store needs it.
@@ -29,10 +31,28 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SuiteIn(Body):
+    """A suite declaration; the control plane reads ``path`` (or the MTEB task) itself."""
+
+    name: Name
+    kind: Short | None = Field(None, description="retrieval, rerank or classification.")
+    path: Path | None = Field(None, description="Suite folder readable by the control plane.")
+    mteb_task: Short | None = None
+    test_split: Short | None = None
+    train_split: Short | None = None
+    main_metric: Short | None = None
+    description: Text = ""
+
+
+# Reads and fingerprints a declaration (the shell wires the eval harness in: the registry must
+# not import it). Returns the record to register; bad data raises InvalidInput.
+SuiteReader = Callable[[SuiteIn], e.SuiteCreate]
+
+
 class TaskIn(Body):
     name: Name
     suite: Name | None = None
-    kind: Short = "retrieval"
+    kind: Short | None = Field(None, description="Leave out: the suite's kind.")
     description: Text = ""
     owner: Short = ""
     margin: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
@@ -68,7 +88,7 @@ class CandidateIn(Body):
     name: Name | None = None
     base: Name | None = None
     adapter: Name | None = None
-    kind: Short = "embedding"
+    kind: Short | None = Field(None, description="Leave out: what the task's kind implies.")
 
 
 class PlacementIn(Body):

@@ -1,7 +1,7 @@
 """The registry service: the only writer of the database.
 
-`Registry` is one facade over small per-area mixins (catalog, eval runs, placements and
-promotions, API keys, dashboard sessions); each public method is one transaction that also
+`Registry` is one facade over small per-area mixins (suites, catalog, eval runs, placements
+and promotions, API keys, dashboard sessions); each public method is one transaction that also
 appends to the audit log.
 """
 
@@ -18,6 +18,7 @@ from registry.keys import ApiKeyMixin
 from registry.placements import PlacementMixin
 from registry.promotions import PromotionMixin
 from registry.sessions import DashboardSessionMixin
+from registry.suites import SuiteMixin
 
 
 class Registry(
@@ -27,6 +28,7 @@ class Registry(
     ApiKeyMixin,
     DashboardSessionMixin,
     FleetMixin,
+    SuiteMixin,
 ):
     @classmethod
     def open(

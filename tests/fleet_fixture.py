@@ -22,6 +22,7 @@ from serving.fleet import FleetWatcher, decode_heartbeat
 from serving.nats_layout import ensure_layout
 from serving.placements import PlacementPublisher
 from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
+from tests.suite_fixture import add_task
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ def register_served_task(
     """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run)."""
     from registry.entities import TrainingRecord
 
-    registry.add_task(task, suite="test-suite")
+    add_task(registry, task, suite="test-suite")
     name = model_name or f"m-{task}"
     try:
         registry.get_model(name)

@@ -47,6 +47,7 @@ from serving.protocol import (
     unpack,
 )
 from tests.nats_fixture import running_nats
+from tests.suite_fixture import add_task
 
 T = TypeVar("T")
 DIMS = 4
@@ -107,7 +108,7 @@ def add_placed_task(registry: Registry, tmp: Path, task: str, *, placed: bool = 
     folder = tmp / f"model-{task}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text('{"hidden_size": 4}')
-    registry.add_task(task, suite=task)
+    add_task(registry, task, suite=task)
     registry.add_model(f"m-{task}", path=folder)
     candidate = registry.add_candidate(task, base=f"m-{task}")
     if placed:

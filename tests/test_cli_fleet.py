@@ -10,6 +10,7 @@ from pathlib import Path
 
 from registry import Registry
 from serving.embedded_nats import free_port
+from tests.suite_fixture import add_task
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,7 @@ def test_placement_set_while_nats_is_down_stays_in_the_outbox(
 ) -> None:
     home = tmp_path / "home"
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
-    reg.add_task("legal", suite="s")
+    add_task(reg, "legal", suite="s")
     reg.add_model("tiny", path=tiny_model_path)
     reg.add_candidate("legal", base="tiny")
     reg.close()

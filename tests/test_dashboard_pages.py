@@ -22,6 +22,7 @@ from registry.api import create_app
 from registry.dashboard import mount_dashboard
 from registry.entities import WorkerReport
 from tests.evalrun_fixture import record_run
+from tests.suite_fixture import add_task
 from tests.test_registry import make_adapter_dir, make_model_dir, training
 
 TASK = "legal"
@@ -63,7 +64,7 @@ def report(
 def seed_fleet(reg: Registry, tmp_path: Path) -> Registry:
     """A task with base models, an adapter family ft-v1 -> ft-v2 -> ft-v3 (+ ft-v1 -> ft-alt),
     candidates with eval runs, a champion (epoch 1) and keys for each role."""
-    reg.add_task(TASK, suite="legal-suite", margin=0.01, description="German legal retrieval")
+    add_task(reg, TASK, suite="legal-suite", margin=0.01, description="German legal retrieval")
     for name, payload in (("base-a", b"A"), ("base-b", b"B")):
         reg.add_model(name, path=make_model_dir(tmp_path / name, payload))
     for name, parent in (

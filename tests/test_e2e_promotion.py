@@ -16,6 +16,7 @@ from serving.client import Client
 from tests.evalrun_fixture import record_run
 from tests.fleet_fixture import LocalFleet, wait_until
 from tests.nats_fixture import unique_task
+from tests.suite_fixture import add_task
 from tests.tiny_model import build_tiny_model
 
 TEXT = "Der Vermieter behält die Kaution."
@@ -49,7 +50,7 @@ def test_promote_and_roll_back_under_load(tmp_path: Path) -> None:
     try:
         reg = fleet.reg
         task = unique_task("promo")
-        reg.add_task(task, suite="test-suite", margin=0.01)
+        add_task(reg, task, suite="test-suite", margin=0.01)
         reg.add_model("model-a", path=model_a)
         reg.add_model("model-b", path=model_b)
         reg.add_candidate(task, base="model-a")

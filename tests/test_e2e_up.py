@@ -20,6 +20,7 @@ from registry import Registry
 from serving.client import Client
 from tests.fleet_fixture import free_port, wait_until
 from tests.nats_fixture import unique_task
+from tests.suite_fixture import add_task
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +70,7 @@ def _alive(pid: int) -> bool:
 def _seed(home: Path, task: str, model: Path, *, promote: bool = False) -> None:
     """A registry under ``home`` with ``task`` and a candidate on the model ``tiny``."""
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
-    reg.add_task(task, suite="s")
+    add_task(reg, task, suite="s")
     reg.add_model("tiny", path=model)
     candidate = reg.add_candidate(task, base="tiny").name
     if promote:

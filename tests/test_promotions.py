@@ -10,13 +10,14 @@ from registry import Conflict, InvalidInput, NotFound, PermissionDenied, Registr
 from registry.promotions import PromotionRuleNotMet
 from tests.evalrun_fixture import QUERIES
 from tests.evalrun_fixture import record_run as record
+from tests.suite_fixture import add_task
 from tests.test_registry import make_model_dir
 
 
 @pytest.fixture
 def fleet(registry: Registry, tmp_path: Path) -> Registry:
-    registry.add_task("legal", suite="suite", margin=0.01)
-    registry.add_task("other", suite="suite")
+    add_task(registry, "legal", suite="suite", margin=0.01)
+    add_task(registry, "other", suite="suite")
     for name in ("a", "b", "c"):
         registry.add_model(name, path=make_model_dir(tmp_path / name, name.encode()))
         registry.add_candidate("legal", base=name)
@@ -92,7 +93,7 @@ def test_refusals_change_nothing(fleet: Registry) -> None:
 
 
 def test_auto_promotion_records_the_system(registry: Registry, tmp_path: Path) -> None:
-    registry.add_task("auto", suite="suite", margin=0.01, auto_promote=True)
+    add_task(registry, "auto", suite="suite", margin=0.01, auto_promote=True)
     for name in ("a", "b"):
         registry.add_model(name, path=make_model_dir(tmp_path / name, name.encode()))
         registry.add_candidate("auto", base=name)

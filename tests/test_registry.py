@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from registry import AlreadyExists, ArtifactError, InvalidInput, LineageError, NotFound, Registry
 from registry.entities import EvalRunCreate, TrainingRecord
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow
+from tests.suite_fixture import add_task, fake_fingerprint
 
 
 def make_model_dir(root: Path, payload: bytes = b"weights") -> Path:
@@ -41,7 +42,7 @@ def counts(reg: Registry) -> dict[str, int]:
 
 @pytest.fixture
 def seeded(registry: Registry, tmp_path: Path) -> Registry:
-    registry.add_task("legal", suite="legal-suite")
+    add_task(registry, "legal", suite="legal-suite")
     registry.add_model("base-a", path=make_model_dir(tmp_path / "a", b"A"))
     registry.add_model("base-b", path=make_model_dir(tmp_path / "b", b"B"))
     return registry
@@ -60,13 +61,13 @@ def test_model_fingerprint_is_sha256_of_files(seeded: Registry, tmp_path: Path) 
 def test_refusals_leave_database_unchanged(seeded: Registry, tmp_path: Path) -> None:
     before = counts(seeded)
     with pytest.raises(AlreadyExists, match="task 'legal' already exists"):
-        seeded.add_task("legal", suite="x")
+        seeded.add_task("legal", suite="legal-suite")
     with pytest.raises(AlreadyExists, match="model 'base-a' already exists"):
         seeded.add_model("base-a", path=tmp_path / "a")
     with pytest.raises(InvalidInput, match="does not exist"):
         seeded.add_model("ghost", path=tmp_path / "missing")
     with pytest.raises(InvalidInput, match="invalid task name"):
-        seeded.add_task("Bad Name!", suite="x")
+        seeded.add_task("Bad Name!", suite="legal-suite")
     with pytest.raises(NotFound, match="unknown model 'nope'"):
         seeded.register_adapter(
             "x", base="nope", source_dir=make_adapter_dir(tmp_path / "x", b"x"), training=training()
@@ -161,7 +162,7 @@ def test_eval_runs_and_placements(seeded: Registry) -> None:
             candidate="base-a",
             suite_name="legal-suite",
             suite_version="1",
-            suite_fingerprint="d" * 64,
+            suite_fingerprint=fake_fingerprint("legal-suite"),
             split="eval",
             main_metric="ndcg_at_10",
             metrics={"ndcg_at_10": 0.5},
@@ -189,7 +190,7 @@ def test_eval_runs_and_placements(seeded: Registry) -> None:
 
 def test_audit_log_records_every_write(seeded: Registry) -> None:
     actions = [a.action for a in seeded.audit_log()]
-    assert actions == ["model.add", "model.add", "task.add"]
+    assert actions == ["model.add", "model.add", "task.add", "suite.add"]
     assert {a.actor for a in seeded.audit_log()} == {"test"}
 
 

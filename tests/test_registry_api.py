@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from registry import Registry
 from registry.api import create_app
+from tests.suite_fixture import declare_suite
 from tests.test_registry import make_model_dir
 
 
@@ -21,6 +22,9 @@ def test_rest_crud_auth_and_error_shape(registry: Registry, tmp_path: Path) -> N
     r = client.get("/api/v1/tasks")
     assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
 
+    r = client.post("/api/v1/tasks", json={"name": "legal"}, headers=as_admin)
+    assert r.status_code == 404 and "unknown suite 'legal'" in r.json()["error"]["message"]
+    declare_suite(registry, "legal")
     r = client.post("/api/v1/tasks", json={"name": "legal"}, headers=as_admin)
     assert r.status_code == 201 and r.json()["suite"] == "legal"
     r = client.post("/api/v1/tasks", json={"name": "legal"}, headers=as_admin)

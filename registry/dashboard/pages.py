@@ -12,7 +12,14 @@ from registry.dashboard.actions import NO_CHAMPION
 from registry.dashboard.charts import leaderboard_chart
 from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render
-from registry.dashboard.views import fleet_page, lineage_tree, task_page, task_summaries
+from registry.dashboard.views import (
+    fleet_page,
+    lineage_tree,
+    suite_page,
+    suites_page,
+    task_page,
+    task_summaries,
+)
 from registry.errors import PermissionDenied
 
 
@@ -49,6 +56,7 @@ def page_router(dash: Dashboard) -> APIRouter:
             is_champion=is_champion,
             check=None if is_champion else reg.check_promotion(task, candidate),
             runs=reg.list_eval_runs(task, candidate),
+            ranking=reg.ranking_run(task, candidate),
             adapter=reg.get_adapter(cand.adapter) if cand.adapter else None,
             tree=lineage_tree(reg, cand),
         )
@@ -64,8 +72,8 @@ def page_router(dash: Dashboard) -> APIRouter:
             cand=reg.get_candidate(task, candidate),
             champion=champ,
             check=reg.check_promotion(task, candidate),
-            run=reg.latest_eval_run(task, candidate),
-            champion_run=reg.latest_eval_run(task, champ.name) if champ else None,
+            run=reg.ranking_run(task, candidate),
+            champion_run=reg.ranking_run(task, champ.name) if champ else None,
             no_champion=NO_CHAMPION,
         )
 
@@ -79,6 +87,14 @@ def page_router(dash: Dashboard) -> APIRouter:
             task=reg.get_task(task),
             last=history[0] if history else None,
         )
+
+    @router.get("/suites")
+    def suites(request: Request, user: SignedIn) -> Response:
+        return render(request, "suites.html", rows=suites_page(reg, user))
+
+    @router.get("/suites/{name}")
+    def suite(request: Request, name: str, user: SignedIn) -> Response:
+        return render(request, "suite.html", page=suite_page(reg, user, name))
 
     @router.get("/fleet")
     def fleet(request: Request, user: SignedIn) -> Response:

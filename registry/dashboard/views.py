@@ -35,6 +35,17 @@ class Standing:
     def items_per_s(self) -> float | None:
         return self.run.cost.get("items_per_s") if self.run else None
 
+    @property
+    def other_metrics(self) -> list[tuple[str, float]]:
+        """The run's metrics besides the main one (each kind has its own)."""
+        if self.run is None:
+            return []
+        return [(k, v) for k, v in self.run.metrics.items() if k != self.run.main_metric]
+
+    @property
+    def can_be_placed(self) -> bool:
+        return self.candidate.base_model is not None
+
 
 @dataclass(frozen=True)
 class TaskSummary:
@@ -48,6 +59,7 @@ class TaskSummary:
 @dataclass(frozen=True)
 class TaskPage:
     task: e.Task
+    suite: e.Suite
     champion: e.Candidate | None
     standings: list[Standing]
     history: list[e.Promotion]
@@ -79,7 +91,7 @@ def task_summaries(reg: Registry, who: Principal) -> list[TaskSummary]:
     summaries = []
     for task in (t for t in reg.list_tasks() if who.allows(t.name)):
         champ = reg.champion(task.name)
-        run = reg.latest_eval_run(task.name, champ.name) if champ else None
+        run = reg.ranking_run(task.name, champ.name) if champ else None
         summaries.append(
             TaskSummary(
                 task, champ, run, len(reg.list_candidates(task.name)), status.get(task.name)
@@ -89,17 +101,20 @@ def task_summaries(reg: Registry, who: Principal) -> list[TaskSummary]:
 
 
 def task_page(reg: Registry, task: str) -> TaskPage:
+    """Standings use only runs on the newest version of the task's suite (its test split)."""
     info = reg.get_task(task)
     champ = reg.champion(task)
+    board = reg.leaderboard(task)
     standings = []
     for cand in reg.list_candidates(task):
         is_champ = champ is not None and cand.id == champ.id
         check = None if is_champ else reg.check_promotion(task, cand.name)
-        standings.append(Standing(cand, reg.latest_eval_run(task, cand.name), check, is_champ))
+        standings.append(Standing(cand, board.get(cand.name), check, is_champ))
     # Champion first, then the best-scoring challengers; never-evaluated candidates last.
     standings.sort(key=lambda s: (not s.is_champion, s.score is None, -(s.score or 0.0)))
     status = next((p for p in reg.placement_status() if p.task == task), None)
-    return TaskPage(info, champ, standings, reg.list_promotions(task), status)
+    suite = reg.get_suite(info.suite)
+    return TaskPage(info, suite, champ, standings, reg.list_promotions(task), status)
 
 
 # ---- lineage ------------------------------------------------------------------------------
@@ -160,10 +175,11 @@ def _scores_by_pairing(
     reg: Registry, task: str
 ) -> dict[tuple[str, str | None], tuple[str, float | None]]:
     found: dict[tuple[str, str | None], tuple[str, float | None]] = {}
+    board = reg.leaderboard(task)
     for cand in reg.list_candidates(task):
         if cand.base_model is None:
             continue
-        run = reg.latest_eval_run(task, cand.name)
+        run = board.get(cand.name)
         found[(cand.base_model, cand.adapter)] = (cand.name, run.main_score if run else None)
     return found
 
@@ -220,3 +236,36 @@ def fleet_page(
         views.append(WorkerView(worker, age, worker.reachable and age <= stale_after_s))
     placements = [p for p in reg.placement_status() if who.allows(p.task)]
     return FleetPage(views, placements, stale_after_s, now)
+
+
+# ---- suites -------------------------------------------------------------------------------
+# Suites are shared by every task; a task-scoped key sees only its own tasks beside them.
+@dataclass(frozen=True)
+class SuiteRow:
+    suite: e.Suite  # newest version
+    versions: int
+    tasks: list[str]
+
+
+def suites_page(reg: Registry, who: Principal) -> list[SuiteRow]:
+    tasks = [t for t in reg.list_tasks() if who.allows(t.name)]
+    return [
+        SuiteRow(s, s.version, [t.name for t in tasks if t.suite == s.name])
+        for s in reg.list_suites()
+    ]
+
+
+@dataclass(frozen=True)
+class SuitePage:
+    versions: list[e.Suite]  # newest first
+    tasks: list[e.Task]
+
+    @property
+    def newest(self) -> e.Suite:
+        return self.versions[0]
+
+
+def suite_page(reg: Registry, who: Principal, name: str) -> SuitePage:
+    versions = reg.suite_versions(name)
+    tasks = [t for t in reg.list_tasks() if t.suite == name and who.allows(t.name)]
+    return SuitePage(versions, tasks)
