@@ -1,5 +1,7 @@
-"""The eval harness: declared suites, mteb-computed retrieval metrics kept per query, paired
-bootstrap CIs, dense (base + LoRA) and BM25 candidates, an embedding cache, reports.
+"""The eval harness: declared suites of three kinds (retrieval, rerank, classification), one
+reader per kind, mteb-computed ranking metrics kept per query, scikit-learn classification
+metrics, paired bootstrap CIs, lexical baselines and model candidates (through
+serving/runtime), an embedding cache, reports.
 
 The core (``suites``, ``beir``, ``metrics``, ``bootstrap``, ``retrievers``, ``cache``,
 ``harness``, ``report``) knows nothing of the registry; ``runner`` is the one module that reads
@@ -14,10 +16,9 @@ from evals.errors import (
     SuiteDataError,
     UnknownSuite,
 )
-from evals.suites import BUILTIN_SUITES, SuiteSpec, beir_suite, get_suite
+from evals.suites import SuiteSpec, beir_suite, builtin_spec, declare
 
 __all__ = [
-    "BUILTIN_SUITES",
     "CandidateError",
     "EvalError",
     "EvalInterrupted",
@@ -26,5 +27,6 @@ __all__ = [
     "SuiteSpec",
     "UnknownSuite",
     "beir_suite",
-    "get_suite",
+    "builtin_spec",
+    "declare",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,24 +45,33 @@ class RetrievalSplit:
         )
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Parse a JSON-lines file; blank lines are allowed, anything else malformed is an error."""
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SuiteDataError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("_id"), str):
-                raise SuiteDataError(f"{path}:{number}: expected an object with a string '_id'")
-            if not isinstance(row.get("text", ""), str) or not isinstance(
-                row.get("title", ""), str
-            ):
-                raise SuiteDataError(f"{path}:{number}: 'text' and 'title' must be strings")
-            rows.append(row)
+def iter_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of a JSON-lines file; blank lines are skipped, a malformed
+    line is an error naming the file and line. Every reader of suite data uses this."""
+    if not path.is_file():
+        raise SuiteDataError(f"missing file: {path}")
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SuiteDataError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise SuiteDataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """BEIR rows (corpus or queries) with their line numbers."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for number, row in iter_json_lines(path):
+        if not isinstance(row, dict) or not isinstance(row.get("_id"), str):
+            raise SuiteDataError(f"{path}:{number}: expected an object with a string '_id'")
+        if not isinstance(row.get("text", ""), str) or not isinstance(row.get("title", ""), str):
+            raise SuiteDataError(f"{path}:{number}: 'text' and 'title' must be strings")
+        rows.append((number, row))
     return rows
 
 
@@ -74,10 +84,15 @@ def doc_text(row: dict[str, Any]) -> str:
 
 def read_corpus(path: Path) -> dict[str, str]:
     corpus: dict[str, str] = {}
-    for row in read_jsonl(path):
+    first: dict[str, int] = {}
+    for number, row in read_jsonl(path):
         if row["_id"] in corpus:
-            raise SuiteDataError(f"{path}: duplicate document id {row['_id']!r}")
+            raise SuiteDataError(
+                f"{path}:{number}: duplicate document id {row['_id']!r} "
+                f"(first on line {first[row['_id']]})"
+            )
         corpus[row["_id"]] = doc_text(row)
+        first[row["_id"]] = number
     if not corpus:
         raise SuiteDataError(f"{path}: corpus is empty")
     return corpus
@@ -85,16 +100,23 @@ def read_corpus(path: Path) -> dict[str, str]:
 
 def read_queries(path: Path) -> dict[str, str]:
     queries: dict[str, str] = {}
-    for row in read_jsonl(path):
+    first: dict[str, int] = {}
+    for number, row in read_jsonl(path):
         if row["_id"] in queries:
-            raise SuiteDataError(f"{path}: duplicate query id {row['_id']!r}")
+            raise SuiteDataError(
+                f"{path}:{number}: duplicate query id {row['_id']!r} "
+                f"(first on line {first[row['_id']]})"
+            )
         queries[row["_id"]] = str(row.get("text", "")).strip()
+        first[row["_id"]] = number
     return queries
 
 
 def read_qrels(path: Path) -> Qrels:
     """Tab-separated ``query-id corpus-id score`` with an optional header row."""
     qrels: Qrels = {}
+    if not path.is_file():
+        raise SuiteDataError(f"missing file: {path}")
     with path.open(encoding="utf-8", newline="") as fh:
         for number, fields in enumerate(csv.reader(fh, delimiter="\t"), start=1):
             if not fields or all(not f.strip() for f in fields):
@@ -108,19 +130,47 @@ def read_qrels(path: Path) -> Qrels:
                 relevance = int(float(score))
             except ValueError:
                 raise SuiteDataError(f"{path}:{number}: score {score!r} is not a number") from None
+            if did in qrels.get(qid, {}):
+                raise SuiteDataError(f"{path}:{number}: duplicate judgement of {qid!r} / {did!r}")
             qrels.setdefault(qid, {})[did] = relevance
     return qrels
 
 
+def split_files(folder: Path, split: str) -> list[Path]:
+    return [folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels" / f"{split}.tsv"]
+
+
+def available_splits(folder: Path) -> list[str]:
+    return sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
+
+
 def load_split(folder: Path, split: str) -> RetrievalSplit:
     """Load one split; unknown ids in its qrels are skipped and reported, never scored."""
-    qrels_path = folder / "qrels" / f"{split}.tsv"
-    for path in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_path):
+    for path in split_files(folder, split):
         if not path.is_file():
             raise SuiteDataError(f"missing file: {path}")
     corpus = read_corpus(folder / "corpus.jsonl")
     all_queries = read_queries(folder / "queries.jsonl")
-    raw = read_qrels(qrels_path)
+    qrels, warnings = judged_queries(
+        read_qrels(folder / "qrels" / f"{split}.tsv"), split, folder, corpus, all_queries
+    )
+    # Keep queries.jsonl order so "the first N queries" is a stable, documented sample.
+    queries = {q: t for q, t in all_queries.items() if q in qrels}
+    return RetrievalSplit(
+        corpus=corpus,
+        queries=queries,
+        qrels={q: qrels[q] for q in queries},
+        split=split,
+        warnings=warnings,
+    )
+
+
+def judged_queries(
+    raw: Qrels, split: str, folder: Path, corpus: dict[str, str], all_queries: dict[str, str]
+) -> tuple[Qrels, list[str]]:
+    """The judgements that can be scored (known query, known relevant document), and warnings
+    counting what was skipped. A split left with nothing to score is an error."""
+    qrels_path = folder / "qrels" / f"{split}.tsv"
     if not raw:
         raise SuiteDataError(f"split {split!r} is empty: {qrels_path} has no judgements")
 
@@ -153,12 +203,4 @@ def load_split(folder: Path, split: str) -> RetrievalSplit:
         )
     if not qrels:
         raise SuiteDataError(f"split {split!r} has no query with a relevant document in the corpus")
-    # Keep queries.jsonl order so "the first N queries" is a stable, documented sample.
-    queries = {q: t for q, t in all_queries.items() if q in qrels}
-    return RetrievalSplit(
-        corpus=corpus,
-        queries=queries,
-        qrels={q: qrels[q] for q in queries},
-        split=split,
-        warnings=warnings,
-    )
+    return qrels, warnings

@@ -1,6 +1,6 @@
-"""Retrieval metrics computed by mteb's own scoring code, kept per query.
+"""Ranking metrics (retrieval and rerank) computed by mteb's own scoring code, kept per query.
 
-mteb's ``calculate_retrieval_scores`` (pytrec_eval underneath) gives per-query nDCG/recall;
+mteb's ``calculate_retrieval_scores`` (pytrec_eval underneath) gives per-query nDCG/recall/MAP;
 its ``mrr`` gives per-query reciprocal ranks. We keep the per-query values (for the bootstrap)
 and average them ourselves without rounding; mteb rounds its averages to 5 decimals, and a test
 shows our means equal mteb's full AbsTaskRetrieval path to that precision.
@@ -17,13 +17,16 @@ from evals.beir import Qrels
 
 Results = Mapping[str, Mapping[str, float]]  # query id -> {doc id: score}
 
-_METRIC = re.compile(r"^(ndcg|mrr|recall)_at_(\d+)$")
+_METRIC = re.compile(r"^(ndcg|mrr|recall|map)_at_(\d+)$")
+_PYTREC_KEY = {"ndcg": "ndcg_cut_{k}", "recall": "recall_{k}", "map": "map_cut_{k}"}
 
 
 def parse_metric(name: str) -> tuple[str, int]:
     match = _METRIC.match(name)
     if not match:
-        raise ValueError(f"unsupported metric {name!r} (use ndcg_at_K, mrr_at_K or recall_at_K)")
+        raise ValueError(
+            f"unsupported metric {name!r} (use ndcg_at_K, mrr_at_K, recall_at_K or map_at_K)"
+        )
     return match.group(1), int(match.group(2))
 
 
@@ -51,7 +54,7 @@ def per_query_scores(
             values = reciprocal[f"MRR@{k}"]
             out[name] = {q: float(v) for q, v in zip(qids, values, strict=True)}
         else:
-            key = f"ndcg_cut_{k}" if kind == "ndcg" else f"recall_{k}"
+            key = _PYTREC_KEY[kind].format(k=k)
             out[name] = {q: float(evaluation.all_scores.get(q, {}).get(key, 0.0)) for q in qids}
     return out
 

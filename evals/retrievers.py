@@ -172,7 +172,7 @@ class DenseRetriever:
             previous = self.cache.last_cost(self.namespace)
             measured = previous or CachedCost(0, 0, 0.0, 0.0, 0.0)
             cost["cost_from_cache"] = 1.0
-        cost.update(_cost_figures(measured))
+        cost.update(cost_figures(measured))
         return RetrievalOutput(results=results, cost=cost)
 
 
@@ -181,7 +181,16 @@ def _normalise(matrix: np.ndarray) -> np.ndarray:
     return np.asarray(matrix / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
-def _cost_figures(cost: CachedCost) -> dict[str, float]:
+def measured_cost(stats: EncodeStats) -> dict[str, float]:
+    """Cost figures of what an encoder just did (items/s, tokens/s, batch latencies)."""
+    return cost_figures(
+        CachedCost(
+            stats.items, stats.tokens, stats.seconds, stats.latency_ms(0.5), stats.latency_ms(0.95)
+        )
+    )
+
+
+def cost_figures(cost: CachedCost) -> dict[str, float]:
     return {
         "items_per_s": cost.items / cost.seconds if cost.seconds > 0 else 0.0,
         "tokens_per_s": cost.tokens / cost.seconds if cost.seconds > 0 else 0.0,
@@ -253,7 +262,7 @@ class BM25Retriever:
             latencies.append(time.perf_counter() - t0)
             progress("query", len(batch), len(query_ids))
         seconds = sum(latencies)
-        cost = _cost_figures(
+        cost = cost_figures(
             CachedCost(
                 len(query_ids),
                 tokens,

@@ -11,18 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evals.bootstrap import Interval, paired_difference_ci
+from evals.bootstrap import Interval
 from evals.cache import EmbeddingCache
+from evals.classifiers import MajorityClass, ModelClassifier, TfidfLogisticRegression
 from evals.errors import CandidateError, EvalError, EvalInterrupted
-from evals.harness import EvalResult, Retriever, evaluate
+from evals.harness import Candidate, EvalResult, evaluate
 from evals.report import run_markdown
+from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
-from evals.suites import BUILTIN_SUITES, SuiteSpec, get_suite
+from evals.suites import RERANK, SuiteSpec, spec_from_record
+from registry.catalog import CANDIDATE_KINDS
 from registry.provenance import code_version
+from registry.stats import paired_run_difference
 
 if TYPE_CHECKING:
     from registry import Registry
-    from registry.entities import Candidate, EvalRun
+    from registry.entities import Candidate as CandidateRecord
+    from registry.entities import EvalRun
     from serving.runtime.remote import RuntimeTarget
 
 
@@ -33,47 +38,65 @@ class EvalPaths:
     cache_dir: Path
     mlflow_uri: str | None = None  # None: do not log to MLflow
     data_root: Path | None = None  # None: ../shared/data next to the repository
-    suite_location: Path | None = None  # overrides the suite's own folder
+    # The suite's data was moved: read it from here (it must be the registered version).
+    suite_location: Path | None = None
 
 
 @dataclass(frozen=True)
 class ResolvedCandidate:
-    retriever: Retriever
+    candidate: Candidate
     model_fingerprint: str | None
     adapter_fingerprint: str | None
     trained_on: list[tuple[str | None, str]]
     runtime: str | None = None  # the runtime that encodes (None: no model)
 
     def close(self) -> None:
-        close = getattr(self.retriever, "close", None)
+        close = getattr(self.candidate, "close", None)
         if close is not None:
             close()
 
 
 def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:
-    return get_suite(reg.get_task(task).suite, location=paths.suite_location)
+    """The newest registered version of the task's suite, as the harness reads it."""
+    return spec_from_record(reg.get_suite(reg.get_task(task).suite), paths.suite_location)
 
 
 def resolve_candidate(
     reg: Registry,
-    candidate: Candidate,
+    candidate: CandidateRecord,
+    suite: SuiteSpec,
     cache: EmbeddingCache,
     runtime: RuntimeTarget | None = None,
 ) -> ResolvedCandidate:
-    """Build the retriever a registered candidate stands for, with its fingerprints and lineage,
-    encoding through ``runtime`` (default: torch, in-process)."""
+    """Build what a registered candidate stands for on a suite of its task's kind, with its
+    fingerprints and the splits it (or its adapter lineage) was trained on, encoding through
+    ``runtime`` (default: torch, in-process)."""
     from registry import RegistryError
     from registry.runtimes import check_servable
     from serving.runtime.encoder import ModelSpec
 
-    if candidate.kind == "bm25":
-        if runtime is not None and runtime.kind != "torch":
-            raise CandidateError("a bm25 candidate has no model to run on a runtime")
-        return ResolvedCandidate(BM25Retriever(), None, None, [])
-    if candidate.kind != "embedding" or candidate.base_model is None:
+    allowed = CANDIDATE_KINDS.get(suite.kind, ())
+    if candidate.kind not in allowed:
         raise CandidateError(
-            f"candidate {candidate.name!r} has unsupported kind {candidate.kind!r}"
+            f"candidate {candidate.name!r} is a {candidate.kind} candidate; a {suite.kind} suite "
+            f"scores {', '.join(allowed)}"
         )
+    fitted_on_train: list[tuple[str | None, str]] = (
+        [(suite.name, suite.train_split)] if suite.train_split else []
+    )
+    baselines: dict[str, tuple[Candidate, list[tuple[str | None, str]]]] = {
+        "bm25": (BM25Reranker() if suite.kind == RERANK else BM25Retriever(), []),
+        "random": (RandomReranker(), []),
+        "tfidf-lr": (TfidfLogisticRegression(), fitted_on_train),
+        "majority": (MajorityClass(), fitted_on_train),
+    }
+    if candidate.kind in baselines:
+        if runtime is not None and runtime.kind != "torch":
+            raise CandidateError(f"a {candidate.kind} candidate has no model to run on a runtime")
+        baseline, fitted_on = baselines[candidate.kind]
+        return ResolvedCandidate(baseline, None, None, fitted_on)
+    if candidate.base_model is None:
+        raise CandidateError(f"candidate {candidate.name!r} names no base model")
     base = reg.get_model(candidate.base_model)
     adapter_path: Path | None = None
     adapter_fp: str | None = None
@@ -88,6 +111,11 @@ def resolve_candidate(
         adapter_path = reg.adapter_path(adapter.name)
         adapter_fp = adapter.sha256
         trained_on = [(a.training.suite, a.training.train_split) for a in reg.lineage(adapter.name)]
+    elif candidate.kind != "embedding":
+        raise CandidateError(
+            f"candidate {candidate.name!r}: scoring a {candidate.kind} without a taskfleet "
+            "adapter (a Hugging Face cross-encoder or classifier base) is not supported yet"
+        )
     kind = runtime.kind if runtime else "torch"
     try:
         check_servable(
@@ -105,14 +133,22 @@ def resolve_candidate(
         query_prefix=base.query_prefix,
         passage_prefix=base.passage_prefix,
     )
-    retriever = DenseRetriever(
-        spec,
-        model_fingerprint=base.sha256,
-        adapter_fingerprint=adapter_fp,
-        cache=cache,
-        runtime=runtime,
-    )
-    return ResolvedCandidate(retriever, base.sha256, adapter_fp, trained_on, kind)
+    built: Candidate
+    if candidate.kind == "cross-encoder":
+        built = CrossEncoderReranker(spec)
+    elif candidate.kind == "classifier":
+        built = ModelClassifier(spec)
+    elif suite.kind == RERANK:
+        built = dense_for_rerank(spec, base.sha256, adapter_fp, cache)
+    else:
+        built = DenseRetriever(
+            spec,
+            model_fingerprint=base.sha256,
+            adapter_fingerprint=adapter_fp,
+            cache=cache,
+            runtime=runtime,
+        )
+    return ResolvedCandidate(built, base.sha256, adapter_fp, trained_on, kind)
 
 
 def run_eval(
@@ -130,18 +166,19 @@ def run_eval(
     in-process torch one) and record the run."""
     from registry.entities import EvalRunCreate
     from serving.runtime.encoder import ModelLoadError
+    from serving.runtime.heads import HeadError
 
     suite = task_suite(reg, task, paths)
-    split = split or suite.test_splits[0]
+    split = split or suite.test_split
     candidate = reg.get_candidate(task, candidate_name)
     cache = EmbeddingCache.in_dir(paths.cache_dir)
     resolved: ResolvedCandidate | None = None
     try:
-        resolved = resolve_candidate(reg, candidate, cache, runtime)
+        resolved = resolve_candidate(reg, candidate, suite, cache, runtime)
         result = evaluate(
             suite,
             split,
-            resolved.retriever,
+            resolved.candidate,
             data_root=paths.data_root,
             sample=sample,
             trained_on=resolved.trained_on,
@@ -149,7 +186,7 @@ def run_eval(
         )
     except KeyboardInterrupt:
         raise EvalInterrupted("interrupted; no eval run was recorded") from None
-    except ModelLoadError as exc:
+    except (ModelLoadError, HeadError) as exc:
         raise CandidateError(str(exc)) from None
     finally:
         if resolved is not None:
@@ -180,6 +217,7 @@ def run_eval(
         mlflow_run_id=mlflow_run_id,
         wall_seconds=result.wall_seconds,
         runtime=resolved.runtime,
+        details=result.details,
     )
     return reg.record_eval_run(create)
 
@@ -187,7 +225,7 @@ def run_eval(
 def _log_to_mlflow(
     uri: str,
     task: str,
-    candidate: Candidate,
+    candidate: CandidateRecord,
     result: EvalResult,
     resolved: ResolvedCandidate,
     version: str,
@@ -212,6 +250,9 @@ def _log_to_mlflow(
         metrics[f"{name}_ci_low"] = low
         metrics[f"{name}_ci_high"] = high
     metrics.update({f"cost_{k}": v for k, v in result.cost.items()})
+    if result.details is not None:
+        per_class = result.details.get("per_class_f1", {})
+        metrics.update({f"f1_{label}": value for label, value in per_class.items()})
     metrics["wall_seconds"] = result.wall_seconds
     from evals.tracking import log_eval_run
 
@@ -231,19 +272,9 @@ def _log_to_mlflow(
 
 
 def leaderboard(reg: Registry, task: str) -> dict[str, EvalRun]:
-    """Per candidate, its newest full run on a test split (else its newest sampled run)."""
-    suite_name = reg.get_task(task).suite
-    suite = BUILTIN_SUITES.get(suite_name)
-    # Only test-split scores rank candidates; a dev-split number is not comparable.
-    splits = suite.test_splits if suite else None
-    best: dict[str, EvalRun] = {}
-    for run in reg.list_eval_runs(task):  # newest first
-        if run.suite_name != suite_name or (splits and run.split not in splits):
-            continue
-        current = best.get(run.candidate)
-        if current is None or (current.sample_size is not None and run.sample_size is None):
-            best[run.candidate] = run
-    return best
+    """Per candidate, the run that ranks it on the newest version of the task's suite (the
+    registry's rule: its test split only, never another version or folder)."""
+    return reg.leaderboard(task)
 
 
 @dataclass(frozen=True)
@@ -268,7 +299,7 @@ def compare(reg: Registry, task: str, a: str, b: str) -> Comparison:
             f"{b} on {run_b.split}@{run_b.suite_fingerprint[:12]}"
         )
     try:
-        interval, shared = paired_difference_ci(run_a.per_query, run_b.per_query)
+        interval, shared = paired_run_difference(run_a, run_b)
     except ValueError as exc:
         raise EvalError(str(exc)) from None
     return Comparison(run_a, run_b, interval, shared)

@@ -18,6 +18,7 @@ from taskfleet.cli_gateway import call, gateway
 from taskfleet.cli_promote import promote, promotions, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
+from taskfleet.cli_suite import suite_app
 from taskfleet.context import state
 
 err = Console(stderr=True)
@@ -29,6 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.add_typer(suite_app, name="suite")
 app.add_typer(task_app, name="task")
 app.add_typer(model_app, name="model")
 app.add_typer(adapter_app, name="adapter")

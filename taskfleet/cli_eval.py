@@ -91,7 +91,10 @@ def eval_run(
         "default: ../shared/data next to the repo).",
     ),
     suite_path: Path | None = typer.Option(
-        None, "--suite-path", help="The suite's own BEIR folder (overrides --data-dir)."
+        None,
+        "--suite-path",
+        help="Read the suite from this folder instead (it moved): its content must be the "
+        "registered version; other data is a new version (`taskfleet suite add`).",
     ),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the run to MLflow."),
     runtime: str = typer.Option(

@@ -375,6 +375,7 @@ def up(
         http_workers=http_workers,
         http_url=http_url,
         http_model=http_model,
+        data_dir=settings.data_dir,
     )
     state = stack_file()
 

@@ -33,17 +33,33 @@ def _short(sha: str | None) -> str:
 @task_app.command("add")
 def task_add(
     name: str = typer.Argument(..., help="Task name, e.g. german-legal-retrieval."),
-    suite: str | None = typer.Option(None, help="Eval suite name (default: the task name)."),
-    kind: str = typer.Option("retrieval", help="Task kind."),
+    suite: str | None = typer.Option(
+        None,
+        help="Registered suite the task is scored on (default: the task name). A built-in "
+        "suite is registered on first use.",
+    ),
+    kind: str | None = typer.Option(
+        None, help="Task kind (default: the suite's; must match it when given)."
+    ),
     description: str = typer.Option("", help="What the task is for."),
     owner: str = typer.Option("", help="Team or person responsible."),
     margin: float = typer.Option(
         0.0, help="How much a challenger must beat the champion by (main metric, absolute)."
     ),
 ) -> None:
-    """Register a task."""
-    task = open_registry().add_task(
-        name, suite=suite or name, kind=kind, description=description, owner=owner, margin=margin
+    """Register a task bound to a suite."""
+    from taskfleet.cli_suite import mteb_dir, print_registered
+    from taskfleet.suites import ensure_suite
+
+    reg = open_registry()
+    suite_name = suite or name
+    registered = ensure_suite(
+        reg, suite_name, data_root=get_settings().data_dir, mteb_dir=mteb_dir()
+    )
+    if registered is not None:
+        print_registered(registered)
+    task = reg.add_task(
+        name, suite=suite_name, kind=kind, description=description, owner=owner, margin=margin
     )
     out.print(f"task [bold]{task.name}[/bold] added (suite {task.suite}, kind {task.kind})")
 
@@ -69,9 +85,16 @@ def task_show(name: str = typer.Argument(..., help="Task name.")) -> None:
     out.print(
         f"placement: {placement.candidate} epoch {placement.epoch}" if placement else "placement: -"
     )
-    table = Table("candidate", "kind", "base", "adapter", "latest score")
+    suite = reg.get_suite(t.suite)
+    out.print(
+        f"suite {suite.name} version {suite.version} ({suite.fingerprint[:12]}), scored on "
+        f"split {suite.test_split}",
+        highlight=False,
+    )
+    board = reg.leaderboard(name)
+    table = Table("candidate", "kind", "base", "adapter", f"score (suite v{suite.version})")
     for c in reg.list_candidates(name):
-        run = reg.latest_eval_run(name, c.name)
+        run = board.get(c.name)
         score = f"{run.main_metric}={run.main_score:.4f}" if run else "-"
         table.add_row(c.name, c.kind, c.base_model or "-", c.adapter or "-", score)
     out.print(table)
@@ -232,7 +255,7 @@ def _scores(reg: Registry, adapter: Adapter) -> str:
     for task in reg.list_tasks():
         for cand in reg.list_candidates(task.name):
             if cand.adapter == adapter.name:
-                run = reg.latest_eval_run(task.name, cand.name)
+                run = reg.ranking_run(task.name, cand.name)
                 if run:
                     found.append(f"{task.name} {run.main_metric}={run.main_score:.4f}")
     return "; ".join(found) or "not evaluated"
@@ -270,7 +293,12 @@ def candidate_add(
     name: str | None = typer.Option(None, help="Candidate name (default from base/adapter)."),
     base: str | None = typer.Option(None, help="Base model."),
     adapter: str | None = typer.Option(None, help="LoRA adapter (implies its base)."),
-    kind: str = typer.Option("embedding", help="embedding or bm25."),
+    kind: str | None = typer.Option(
+        None,
+        help="retrieval: embedding (default), bm25; rerank: cross-encoder (default), "
+        "embedding (bi-encoder), bm25, random; classification: classifier (default), tfidf-lr, "
+        "majority.",
+    ),
 ) -> None:
     """Add a candidate to a task."""
     c = open_registry().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)

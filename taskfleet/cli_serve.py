@@ -57,6 +57,7 @@ def serve(
     from serving.control import ControlLoops
     from taskfleet.cli_fleet import nats_url_or_none
     from taskfleet.stack import QuietServer
+    from taskfleet.suites import rest_suite_reader
 
     settings = get_settings()
     registry = open_registry()
@@ -72,6 +73,9 @@ def serve(
         session_secret=settings.resolved_session_secret(),
         secure_cookies=settings.secure_cookies if secure_cookies is None else secure_cookies,
         health=loops.describe if loops else (lambda: {"publisher": "off"}),
+        read_suite=rest_suite_reader(
+            data_root=settings.data_dir, mteb_dir=settings.resolved_home / "suites"
+        ),
     )
     server = QuietServer(app, host, port, log_level="info")
     if loops is None:

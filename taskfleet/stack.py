@@ -268,6 +268,7 @@ class StackConfig:
     http_workers: int = 0
     http_url: str | None = None
     http_model: str | None = None
+    data_dir: Path | None = None  # root of the built-in suites' data (TASKFLEET_DATA_DIR)
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -356,12 +357,17 @@ async def run_stack(
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
         control_loops = ControlLoops(registry, nats_url)
+        from taskfleet.suites import rest_suite_reader
+
         control = create_app(
             registry,
             require_auth=config.require_auth,
             session_secret=config.session_secret,
             secure_cookies=config.secure_cookies,
             health=control_loops.describe,
+            read_suite=rest_suite_reader(
+                data_root=config.data_dir, mteb_dir=config.home / "suites"
+            ),
         )
         gateway = create_gateway(nats_url, GatewaySettings(require_auth=config.require_auth))
         servers = [

@@ -15,7 +15,7 @@ from evals.errors import SplitLeakError, SuiteDataError, UnknownSuite
 from evals.harness import check_split_allowed, evaluate
 from evals.metrics import per_query_scores
 from evals.retrievers import BM25Retriever, tokenize_german
-from evals.suites import DEFAULT_DATA_ROOT, beir_suite, get_suite
+from evals.suites import DEFAULT_DATA_ROOT, beir_suite, builtin_spec
 from tests.beir_fixture import build_beir
 
 
@@ -107,7 +107,7 @@ def test_paired_difference_uses_shared_queries_and_cancels_difficulty() -> None:
 
 
 def test_fingerprint_changes_when_a_data_file_changes(beir: Path) -> None:
-    suite = beir_suite("fixture", beir, train_splits=("dev",))
+    suite = beir_suite("fixture", beir, train_split="dev")
     before = suite.fingerprint()
     assert before == suite.fingerprint()
     qrels = beir / "qrels" / "dev.tsv"
@@ -115,14 +115,17 @@ def test_fingerprint_changes_when_a_data_file_changes(beir: Path) -> None:
     assert suite.fingerprint() != before
 
 
-def test_builtin_suite_is_declared_data() -> None:
-    suite = get_suite("german-legal-retrieval")
-    assert suite.test_splits == ("eval",) and suite.train_splits == ("dev",)
+def test_builtin_suites_are_declared_data() -> None:
+    suite = builtin_spec("german-legal-retrieval")
+    assert (suite.test_split, suite.train_split) == ("eval", "dev")
     assert suite.main_metric == "ndcg_at_10"
     assert suite.data_dir() == DEFAULT_DATA_ROOT / "gerlayqa" / "beir"
-    with pytest.raises(UnknownSuite, match="unknown eval suite"):
-        get_suite("nope")
-    missing = get_suite("german-legal-retrieval", location=Path("/nonexistent/folder"))
+    rerank, area = builtin_spec("german-legal-rerank"), builtin_spec("german-legal-area")
+    assert (rerank.kind, rerank.metrics) == ("rerank", ("ndcg_at_10", "mrr_at_10", "map_at_1000"))
+    assert (area.kind, area.main_metric) == ("classification", "macro_f1")
+    with pytest.raises(UnknownSuite, match="not a built-in suite"):
+        builtin_spec("nope")
+    missing = suite.with_location(Path("/nonexistent/folder"))
     with pytest.raises(SuiteDataError, match="does not exist"):
         missing.fingerprint()
 
@@ -185,7 +188,7 @@ def test_sample_takes_the_first_queries_with_the_full_corpus(beir: Path) -> None
 
 
 def test_split_leak_is_refused() -> None:
-    suite = get_suite("german-legal-retrieval")
+    suite = builtin_spec("german-legal-retrieval")
     check_split_allowed(suite, "eval", [("german-legal-retrieval", "dev")])
     check_split_allowed(suite, "dev", [])  # a base model may be scored on dev
     with pytest.raises(SplitLeakError, match="trained on it"):

@@ -12,13 +12,14 @@ import pytest
 
 from evals.errors import EvalInterrupted, SplitLeakError
 from evals.runner import EvalPaths, compare, leaderboard, run_eval
+from evals.suites import declare
 from registry import Registry
 from registry.entities import TrainingRecord
 from tests.beir_fixture import build_beir
 from tests.tiny_model import build_tiny_adapter
 
 TASK = "legal"
-SUITE = "german-legal-retrieval"  # the built-in suite, pointed at the fixture folder
+SUITE = "legal-suite"  # a user-declared suite over the fixture folder
 
 
 @pytest.fixture
@@ -27,10 +28,12 @@ def beir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def reg(tmp_path: Path, tiny_model_path: Path) -> Iterator[Registry]:
+def reg(tmp_path: Path, tiny_model_path: Path, beir: Path) -> Iterator[Registry]:
     registry = Registry.open(
         f"sqlite:///{tmp_path / 'registry.db'}", artifact_dir=tmp_path / "artifacts", actor="test"
     )
+    create, _ = declare(SUITE, "retrieval", beir, test_split="eval", train_split="dev")
+    registry.add_suite(create)
     registry.add_task(TASK, suite=SUITE)
     registry.add_model("tiny", path=tiny_model_path)
     registry.add_candidate(TASK, name="tiny-base", base="tiny")
@@ -43,7 +46,7 @@ def reg(tmp_path: Path, tiny_model_path: Path) -> Iterator[Registry]:
 
 def _paths(tmp_path: Path, beir: Path, *, mlflow: bool = False) -> EvalPaths:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}" if mlflow else None
-    return EvalPaths(cache_dir=tmp_path / "cache", mlflow_uri=uri, suite_location=beir)
+    return EvalPaths(cache_dir=tmp_path / "cache", mlflow_uri=uri)
 
 
 def _adapter(reg: Registry, tmp_path: Path, name: str, split: str, parent: str | None) -> None:
@@ -158,6 +161,7 @@ def test_cli_run_leaderboard_compare_report(
 ) -> None:
     home = tmp_path / "home"
     for args in (
+        ("suite", "add", SUITE, "--kind", "retrieval", "--path", str(beir), "--test-split", "eval"),
         ("task", "add", TASK, "--suite", SUITE),
         ("model", "add", "tiny", "--path", str(tiny_model_path)),
         ("candidate", "add", TASK, "--name", "tiny-base", "--base", "tiny"),
@@ -167,7 +171,7 @@ def test_cli_run_leaderboard_compare_report(
         assert r.returncode == 0, r.stderr
 
     for cand in ("bm25", "tiny-base"):
-        r = _cli(home, "eval", "run", TASK, "--candidate", cand, "--suite-path", str(beir))
+        r = _cli(home, "eval", "run", TASK, "--candidate", cand)
         assert r.returncode == 0, r.stderr
         assert "ndcg_at_10 (main):" in r.stdout and "items/s" in r.stdout
 
@@ -185,9 +189,9 @@ def test_cli_run_leaderboard_compare_report(
 
     # bad input: one line on stderr, non-zero exit, no traceback
     bad = [
-        ("eval", "run", TASK, "--candidate", "nope", "--suite-path", str(beir)),
+        ("eval", "run", TASK, "--candidate", "nope"),
         ("eval", "run", TASK, "--candidate", "bm25", "--suite-path", str(tmp_path / "missing")),
-        ("eval", "run", TASK, "--candidate", "bm25", "--suite-path", str(beir), "--split", "x"),
+        ("eval", "run", TASK, "--candidate", "bm25", "--split", "x"),
         ("eval", "compare", TASK, "bm25", "nope"),
     ]
     (tmp_path / "missing").mkdir()
