@@ -132,6 +132,39 @@ class InferRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScoreItem:
+    """Passages to score against one query with one model (a rerank request)."""
+
+    model_key: str
+    query: str
+    passages: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreRequest:
+    op: Literal["score"] = "score"
+    id: int
+    batch_id: str
+    items: list[ScoreItem]
+    deadline_ms: int | None = None  # as InferRequest's
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyItem:
+    model_key: str
+    texts: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyRequest:
+    op: Literal["classify"] = "classify"
+    id: int
+    batch_id: str
+    items: list[ClassifyItem]
+    deadline_ms: int | None = None  # as InferRequest's
+
+
+@dataclass(frozen=True, kw_only=True)
 class StatsRequest:
     op: Literal["stats"] = "stats"
     id: int
@@ -144,13 +177,22 @@ class ShutdownRequest:
 
 
 SocketRequest = (
-    HelloRequest | LoadRequest | UnloadRequest | InferRequest | StatsRequest | ShutdownRequest
+    HelloRequest
+    | LoadRequest
+    | UnloadRequest
+    | InferRequest
+    | ScoreRequest
+    | ClassifyRequest
+    | StatsRequest
+    | ShutdownRequest
 )
 REQUEST_TYPES: dict[str, type[Any]] = {
     "hello": HelloRequest,
     "load": LoadRequest,
     "unload": UnloadRequest,
     "infer": InferRequest,
+    "score": ScoreRequest,
+    "classify": ClassifyRequest,
     "stats": StatsRequest,
     "shutdown": ShutdownRequest,
 }
@@ -209,6 +251,53 @@ class InferReply:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScoreResult:
+    """Scores of one score item: little-endian float32, one per passage in request order."""
+
+    count: int
+    scores: bytes
+
+    @classmethod
+    def from_array(cls, scores: np.ndarray) -> ScoreResult:
+        return cls(count=int(scores.shape[0]), scores=floats_to_bytes(scores))
+
+    def array(self) -> np.ndarray:
+        return floats_from_bytes(self.scores, self.count, 1)[:, 0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreReply:
+    id: int
+    ok: Literal[True] = True
+    batch_id: str
+    results: list[ScoreResult]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyResult:
+    """Label probabilities of one classify item: ``count x len(labels)`` float32 rows."""
+
+    count: int
+    labels: list[str]
+    probabilities: bytes
+
+    @classmethod
+    def from_matrix(cls, labels: list[str], matrix: np.ndarray) -> ClassifyResult:
+        return cls(count=int(matrix.shape[0]), labels=labels, probabilities=floats_to_bytes(matrix))
+
+    def matrix(self) -> np.ndarray:
+        return floats_from_bytes(self.probabilities, self.count, len(self.labels))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyReply:
+    id: int
+    ok: Literal[True] = True
+    batch_id: str
+    results: list[ClassifyResult]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelStats:
     model_key: str
     # What unloading this key alone would free now: its adapter, plus the base when it is the
@@ -244,6 +333,8 @@ REPLY_TYPES: dict[str, type[Any]] = {
     "load": LoadReply,
     "unload": UnloadReply,
     "infer": InferReply,
+    "score": ScoreReply,
+    "classify": ClassifyReply,
     "stats": StatsReply,
     "shutdown": ShutdownReply,
 }
@@ -269,6 +360,38 @@ class QueuePayload:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScorePayload:
+    """A rerank request on the queue: score ``documents`` against ``query``."""
+
+    v: Literal[1] = 1
+    task: str
+    op: Literal["score"] = "score"
+    query: str
+    documents: list[str] | PayloadRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyPayload:
+    v: Literal[1] = 1
+    task: str
+    op: Literal["classify"] = "classify"
+    inputs: list[str] | PayloadRef
+
+
+TaskPayload = QueuePayload | ScorePayload | ClassifyPayload
+
+
+def decode_task_payload(obj: Any) -> TaskPayload:
+    """A queue payload of any op: ``op`` absent means an embedding request."""
+    op = obj.get("op") if isinstance(obj, dict) else None
+    if op == "score":
+        return from_wire(ScorePayload, obj)
+    if op == "classify":
+        return from_wire(ClassifyPayload, obj)
+    return from_wire(QueuePayload, obj)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplyOk:
     v: Literal[1] = 1
     request_id: str
@@ -284,6 +407,40 @@ class ReplyOk:
         if isinstance(self.embeddings, PayloadRef):
             raise ProtocolError("the embeddings are in the object store; fetch them first")
         return embeddings_from_bytes(self.embeddings, self.count, self.dims)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreReplyOk:
+    v: Literal[1] = 1
+    request_id: str
+    ok: Literal[True] = True
+    op: Literal["score"] = "score"
+    model_key: str
+    epoch: int
+    count: int
+    scores: bytes
+
+    def array(self) -> np.ndarray:
+        return floats_from_bytes(self.scores, self.count, 1)[:, 0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifyReplyOk:
+    v: Literal[1] = 1
+    request_id: str
+    ok: Literal[True] = True
+    op: Literal["classify"] = "classify"
+    model_key: str
+    epoch: int
+    count: int
+    labels: list[str]
+    probabilities: bytes
+
+    def matrix(self) -> np.ndarray:
+        return floats_from_bytes(self.probabilities, self.count, len(self.labels))
+
+
+AnyReplyOk = ReplyOk | ScoreReplyOk | ClassifyReplyOk
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,9 +500,33 @@ def embeddings_to_bytes(matrix: np.ndarray) -> tuple[int, int, bytes]:
 
 def embeddings_from_bytes(data: bytes, count: int, dims: int) -> np.ndarray:
     """Inverse of :func:`embeddings_to_bytes`; checks the byte length against the shape."""
-    if count < 0 or dims < 0 or len(data) != count * dims * 4:
-        raise ProtocolError(f"{len(data)} embedding bytes do not hold {count} x {dims} float32")
-    return np.frombuffer(data, dtype="<f4").reshape(count, dims).astype(np.float32)
+    return floats_from_bytes(data, count, dims)
+
+
+def floats_to_bytes(values: np.ndarray) -> bytes:
+    """Little-endian float32 bytes of a vector or a row-major matrix."""
+    return np.ascontiguousarray(values, dtype="<f4").tobytes()
+
+
+def floats_from_bytes(data: bytes, rows: int, columns: int) -> np.ndarray:
+    """A ``rows x columns`` float32 matrix from little-endian bytes (length checked)."""
+    if rows < 0 or columns < 0 or len(data) != rows * columns * 4:
+        raise ProtocolError(f"{len(data)} bytes do not hold {rows} x {columns} float32")
+    return np.frombuffer(data, dtype="<f4").reshape(rows, columns).astype(np.float32)
+
+
+def decode_reply_message(obj: Any) -> AnyReplyOk | ReplyError:
+    """A worker's reply on the gateway's reply subject: an error, or the ok reply of its op."""
+    if not isinstance(obj, dict):
+        raise ProtocolError("a reply must be a msgpack map")
+    if obj.get("ok") is not True:
+        return from_wire(ReplyError, obj)
+    op = obj.get("op")
+    if op == "score":
+        return from_wire(ScoreReplyOk, obj)
+    if op == "classify":
+        return from_wire(ClassifyReplyOk, obj)
+    return from_wire(ReplyOk, obj)
 
 
 # --------------------------------------------------------------------------- map <-> dataclass

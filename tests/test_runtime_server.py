@@ -404,3 +404,122 @@ def test_sigterm_exits_cleanly() -> None:
         assert not sock.exists()
     finally:
         stop_server(proc, sock)
+
+
+# ---- score and classify: task heads on the shared base ----------------------------------------
+QUERY = "Darf der Vermieter die Kaution behalten?"
+PASSAGES = ["der mieter zahlt die miete", "testament und erbe", "kauf einer sache mit mangel"]
+
+
+def head_reference(base: Path, adapter: Path) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Independent of serving/runtime: sentence-transformers with the LoRA, the head's raw
+    weights read from its safetensors file."""
+    from safetensors.numpy import load_file
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(base), device="cpu", local_files_only=True)
+    model.load_adapter(str(adapter))
+    weights = load_file(str(adapter / "head.safetensors"))
+    return model, weights["weight"], weights["bias"]
+
+
+def test_score_and_classify_match_an_independent_computation(server: Path, tmp_path: Path) -> None:
+    import torch
+
+    from tests.tiny_model import build_tiny_head
+
+    base = build_tiny_model(tmp_path / "heads-base", seed=5)
+    cross = build_tiny_head(base, tmp_path / "cross", kind="score", seed=6)
+    classifier = build_tiny_head(base, tmp_path / "cls", kind="classify", seed=7)
+    lr_head = build_tiny_head(base, tmp_path / "lr", kind="classify", seed=8, lora=False)
+
+    async def scenario(c: Conn) -> list[Any]:
+        replies = [
+            await c.call(load("ce", base, cross)),
+            await c.call(load("cls", base, classifier)),
+            await c.call(load("lr", base, lr_head)),
+            await c.call(load("bi", base)),
+        ]
+        replies.append(
+            await c.call(
+                p.ScoreRequest(
+                    id=next(_ids),
+                    batch_id="s1",
+                    items=[
+                        p.ScoreItem(model_key="ce", query=QUERY, passages=PASSAGES),
+                        p.ScoreItem(model_key="bi", query=QUERY, passages=PASSAGES[:2]),
+                        p.ScoreItem(model_key="ce", query="erbe", passages=PASSAGES[1:]),
+                    ],
+                )
+            )
+        )
+        replies.append(
+            await c.call(
+                p.ClassifyRequest(
+                    id=next(_ids),
+                    batch_id="c1",
+                    items=[
+                        p.ClassifyItem(model_key="cls", texts=TEXTS),
+                        p.ClassifyItem(model_key="lr", texts=TEXTS[:1]),
+                    ],
+                )
+            )
+        )
+        replies.append(
+            await c.call(
+                p.ClassifyRequest(
+                    id=next(_ids),
+                    batch_id="c2",
+                    items=[p.ClassifyItem(model_key="ce", texts=["x"])],
+                )
+            )
+        )
+        replies.append(
+            await c.call(
+                p.ScoreRequest(
+                    id=next(_ids),
+                    batch_id="s2",
+                    items=[p.ScoreItem(model_key="cls", query="q", passages=["x"])],
+                )
+            )
+        )
+        replies.append(await c.call(p.StatsRequest(id=next(_ids))))
+        return replies
+
+    ce_load, cls_load, lr_load, bi_load, scored, classified, no_head, wrong_head, stats = run(
+        server, scenario
+    )
+    assert ce_load.memory_bytes == base_bytes(base)  # the base, once (+ the LoRA and head)
+    assert 0 < cls_load.memory_bytes < base_bytes(base) // 4
+    assert 0 < lr_load.memory_bytes < cls_load.memory_bytes  # a head without LoRA
+    assert bi_load.memory_bytes == 0  # the same base, already resident
+    assert len({m.base_key for m in stats.models if m.model_key in ("ce", "cls", "lr", "bi")}) == 1
+
+    model, weight, bias = head_reference(base, cross)
+    tok = model.tokenizer(
+        [QUERY] * 3, PASSAGES, padding=True, truncation="longest_first", return_tensors="pt"
+    )
+    with torch.inference_mode():
+        pooled = model(dict(tok))["sentence_embedding"].numpy()
+    want = pooled @ weight.T + bias
+    ce, bi, ce_again = scored.results
+    np.testing.assert_allclose(ce.array(), want[:, 0], atol=1e-5)
+    np.testing.assert_allclose(ce_again.array(), want[1:, 0], atol=1e-5)
+    assert np.ptp(ce.array()) > 1e-3  # the scores tell the passages apart
+    plain = expected(base, [QUERY, *PASSAGES[:2]])
+    cosine = plain[1:] @ plain[0] / (np.linalg.norm(plain[1:], axis=1) * np.linalg.norm(plain[0]))
+    np.testing.assert_allclose(bi.array(), cosine, atol=1e-5)
+
+    cls_result, lr_result = classified.results
+    assert cls_result.labels == ["miete", "kauf", "erbe"] and cls_result.count == 3
+    model, weight, bias = head_reference(base, classifier)
+    logits = model.encode(TEXTS, convert_to_numpy=True) @ weight.T + bias
+    softmax = np.exp(logits - logits.max(1, keepdims=True))
+    softmax /= softmax.sum(1, keepdims=True)
+    np.testing.assert_allclose(cls_result.matrix(), softmax, atol=1e-5)
+    np.testing.assert_allclose(cls_result.matrix().sum(axis=1), 1.0, atol=1e-6)
+    assert lr_result.matrix().shape == (1, 3)
+
+    assert isinstance(no_head, p.ErrorReply) and no_head.error.code == "BAD_REQUEST"
+    assert "no classify head" in no_head.error.message
+    assert isinstance(wrong_head, p.ErrorReply) and "cannot score" in wrong_head.error.message

@@ -125,3 +125,34 @@ def build_tiny_adapter(
     peft_model = get_peft_model(transformer.auto_model, config)
     peft_model.save_pretrained(str(path))
     return Path(path)
+
+
+def build_tiny_head(
+    base_path: Path,
+    path: Path,
+    *,
+    kind: str = "classify",
+    labels: tuple[str, ...] = ("miete", "kauf", "erbe"),
+    seed: int = 3,
+    lora: bool = True,
+) -> Path:
+    """An adapter folder with a random task head (and a random LoRA unless ``lora=False``):
+    a tiny cross-encoder (``kind="score"``) or classifier (``kind="classify"``)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from serving.runtime.encoder import embedding_dimension
+    from serving.runtime.heads import HeadSpec, new_head, save_head
+
+    if lora:
+        build_tiny_adapter(base_path, path, seed=seed)
+    dims = embedding_dimension(
+        SentenceTransformer(str(base_path), device="cpu", local_files_only=True)
+    )
+    spec = HeadSpec(kind=kind, dims=int(dims or 0), labels=labels if kind == "classify" else ())  # type: ignore[arg-type]
+    layer = new_head(spec, seed=seed)
+    with torch.no_grad():  # a random head with real spread, so scores tell inputs apart
+        layer.weight.mul_(8.0)
+        layer.bias.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(seed))
+    save_head(Path(path), spec, layer)
+    return Path(path)

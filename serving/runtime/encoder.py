@@ -1,7 +1,8 @@
 """Load a sentence-transformers base model, optionally with a peft LoRA adapter, and encode.
 
 Batches are formed by *tokens*, not by request count: texts are tokenised once, sorted by
-length and cut into batches whose padded size stays under ``max_batch_tokens``.
+length and cut into batches whose padded size stays under ``max_batch_tokens``. A (query,
+passage) pair is encoded as one sequence (a cross-encoder's input) and counts both texts.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Encoder:
 
     @property
     def dims(self) -> int:
-        dims = self.model.get_sentence_embedding_dimension()
+        dims = embedding_dimension(self.model)
         if dims is None:
             raise ModelLoadError("model does not report an embedding dimension")
         return int(dims)
@@ -143,33 +144,53 @@ class Encoder:
         enc = tok(list(texts), truncation=True, max_length=self.max_seq_length, padding=False)
         return [len(ids) for ids in enc["input_ids"]]
 
+    def pair_token_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
+        if not pairs:
+            return []
+        enc = pair_features(self.model, pairs, self.max_seq_length, tensors=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
     def iter_batches(
         self, texts: Sequence[str], kind: TextKind = "passage"
     ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
         """Yield (indices, embeddings, stats) per token-bounded batch."""
-        import torch
-
         prefix = self.spec.prefix(kind)
         prepared = [prefix + t for t in texts]
         lengths = self.token_lengths(prepared)
         for batch in plan_batches(lengths, self.max_batch_tokens, self.max_batch_size):
-            started = time.perf_counter()
             features = self.model.tokenize([prepared[i] for i in batch.indices])
-            # sentence-transformers >= 6 adds non-tensor entries (e.g. "modality").
-            features = {
-                k: v.to(self.device) if hasattr(v, "to") else v for k, v in features.items()
-            }
-            with torch.inference_mode():
-                out = self.model(features)
-            vectors = out["sentence_embedding"].float().cpu().numpy()
-            elapsed = time.perf_counter() - started
-            stats = EncodeStats(
-                items=len(batch.indices),
-                tokens=sum(lengths[i] for i in batch.indices),
-                seconds=elapsed,
-                batch_latencies=[elapsed],
+            yield self._forward(batch, lengths, features)
+
+    def iter_pair_batches(
+        self, pairs: Sequence[tuple[str, str]]
+    ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
+        """Yield (indices, embeddings of the pairs encoded together, stats) per batch."""
+        lengths = self.pair_token_lengths(pairs)
+        for batch in plan_batches(lengths, self.max_batch_tokens, self.max_batch_size):
+            chosen = [pairs[i] for i in batch.indices]
+            yield self._forward(
+                batch, lengths, pair_features(self.model, chosen, self.max_seq_length)
             )
-            yield batch.indices, vectors, stats
+
+    def _forward(
+        self, batch: Batch, lengths: Sequence[int], features: dict[str, Any]
+    ) -> tuple[list[int], np.ndarray, EncodeStats]:
+        import torch
+
+        started = time.perf_counter()
+        # sentence-transformers >= 6 adds non-tensor entries (e.g. "modality").
+        features = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in features.items()}
+        with torch.inference_mode():
+            out = self.model(features)
+        vectors = out["sentence_embedding"].float().cpu().numpy()
+        elapsed = time.perf_counter() - started
+        stats = EncodeStats(
+            items=len(batch.indices),
+            tokens=sum(lengths[i] for i in batch.indices),
+            seconds=elapsed,
+            batch_latencies=[elapsed],
+        )
+        return batch.indices, vectors, stats
 
     def encode(
         self, texts: Sequence[str], kind: TextKind = "passage"
@@ -183,8 +204,37 @@ class Encoder:
         return result, total
 
 
+def embedding_dimension(model: Any) -> int | None:
+    """The model's output size (sentence-transformers 6 renamed the getter)."""
+    getter = getattr(model, "get_embedding_dimension", None)
+    dims = getter() if getter is not None else model.get_sentence_embedding_dimension()
+    return int(dims) if dims is not None else None
+
+
+def pair_features(
+    model: Any, pairs: Sequence[tuple[str, str]], max_length: int, *, tensors: bool = True
+) -> dict[str, Any]:
+    """Tokenise (query, passage) pairs as one sequence each, the way BERT cross-encoders read
+    them ([CLS] query [SEP] passage [SEP]); the longer text is cut first to fit. Serving,
+    evaluation and training all build pair inputs here."""
+    encoded = model.tokenizer(
+        [q for q, _ in pairs],
+        [p for _, p in pairs],
+        padding=tensors,
+        truncation="longest_first",
+        max_length=max_length,
+        return_tensors="pt" if tensors else None,
+    )
+    return dict(encoded)
+
+
+def has_lora(adapter_path: Path | None) -> bool:
+    """An adapter folder may hold a task head only (serving/runtime/heads.py), no LoRA."""
+    return adapter_path is not None and (adapter_path / "adapter_config.json").is_file()
+
+
 def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
-    """Load a sentence-transformers folder from a local path, then attach the adapter."""
+    """Load a sentence-transformers folder from a local path, then attach the adapter's LoRA."""
     from sentence_transformers import SentenceTransformer
 
     if not spec.base_path.is_dir():
@@ -195,7 +245,10 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
         raise ModelLoadError(f"cannot load base model from {spec.base_path}: {exc}") from exc
     if spec.max_seq_length is not None:
         model.max_seq_length = spec.max_seq_length
-    if spec.adapter_path is not None:
+    if spec.adapter_path is not None and not spec.adapter_path.is_dir():
+        raise ModelLoadError(f"adapter folder does not exist: {spec.adapter_path}")
+    if has_lora(spec.adapter_path):
+        assert spec.adapter_path is not None
         attach_adapter(model, spec.adapter_path)
     model.eval()
     return model

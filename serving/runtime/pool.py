@@ -1,8 +1,10 @@
 """The models a runtime holds: one loaded base per base path, LoRA adapters attached to it.
 
 Many model keys can name the same base; the base is loaded once and each adapter is a named
-peft adapter on it. Encoding activates the right adapter (or disables all of them for a plain
-base key) group by group, so one request may mix adapters of one base.
+peft adapter on it, with the task head its artifact carries (a cross-encoder's ``score`` head, a
+classifier's ``classify`` head). So an embedding task, a rerank task and a classification task
+fine-tuned from one base share that base in memory. Every op activates the right adapter (or
+disables all of them for a plain base key) group by group, so one request may mix adapters.
 
 Not thread-safe: the socket server confines every call except :meth:`ModelPool.snapshot` to
 its single inference thread. ``snapshot`` reads an immutable tuple that is swapped atomically.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +22,18 @@ from typing import Any
 import numpy as np
 
 from serving.protocol import ModelStats, TextKind
+from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
     Encoder,
     ModelLoadError,
     ModelSpec,
     attach_adapter,
     detach_adapter,
+    has_lora,
     load_sentence_transformer,
 )
+from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head
+from serving.runtime.scorer import Scorer
 
 
 class ModelNotLoadedError(LookupError):
@@ -36,6 +42,10 @@ class ModelNotLoadedError(LookupError):
 
 class ModelKeyConflictError(ValueError):
     """A load reused a model key that is already loaded with a different spec."""
+
+
+class UnsupportedOpError(ValueError):
+    """The model cannot do what was asked (classify without a classify head, ...)."""
 
 
 @dataclass
@@ -55,6 +65,7 @@ class _Loaded:
     adapter_name: str | None
     adapter_bytes: int
     encoder: Encoder
+    head: tuple[HeadSpec, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,36 @@ class EncodeItem:
     model_key: str
     kind: TextKind
     texts: Sequence[str]
+
+
+@dataclass(frozen=True)
+class ScoreWork:
+    model_key: str
+    query: str
+    passages: Sequence[str]
+
+
+@dataclass(frozen=True)
+class ClassifyWork:
+    model_key: str
+    texts: Sequence[str]
+
+
+def _load_head(adapter_path: Path | None) -> tuple[HeadSpec, Any] | None:
+    if not has_head(adapter_path):
+        return None
+    assert adapter_path is not None
+    try:
+        return load_head(adapter_path)
+    except HeadError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _groups(keys: Iterable[str]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return groups
 
 
 def module_bytes(module: Any) -> int:
@@ -104,10 +145,13 @@ class ModelPool:
             self._bases[base_key] = base
             added += base.memory_bytes
         try:
+            head = _load_head(spec.adapter_path)
             adapter_name, adapter_bytes = self._attach(base, spec.adapter_path)
         except ModelLoadError:
             self._forget_base_if_unused(base)
             raise
+        if head is not None:
+            adapter_bytes += module_bytes(head[1])
         encoder = Encoder(
             spec,
             device=self.device,
@@ -117,7 +161,7 @@ class ModelPool:
         )
         base.users.add(model_key)
         self._models[model_key] = _Loaded(
-            model_key, spec, base, adapter_name, adapter_bytes, encoder
+            model_key, spec, base, adapter_name, adapter_bytes, encoder, head
         )
         self._publish()
         return added + adapter_bytes
@@ -139,7 +183,7 @@ class ModelPool:
         return freed
 
     def _attach(self, base: _Base, adapter_path: Path | None) -> tuple[str | None, int]:
-        if adapter_path is None:
+        if adapter_path is None or not has_lora(adapter_path):
             return None, 0
         # peft adapter names become module attribute names, so model keys (with '.', '@')
         # cannot be used directly.
@@ -169,9 +213,7 @@ class ModelPool:
 
     def encode(self, items: Sequence[EncodeItem]) -> list[np.ndarray]:
         """Embeddings per item, in item order. Unknown keys fail before any work is done."""
-        missing = sorted({i.model_key for i in items if i.model_key not in self._models})
-        if missing:
-            raise ModelNotLoadedError(f"model(s) not loaded: {', '.join(map(repr, missing))}")
+        self._check_loaded(i.model_key for i in items)
         # Items of one (model key, kind) are encoded together so token batching spans them.
         groups: dict[tuple[str, TextKind], list[int]] = {}
         for index, item in enumerate(items):
@@ -188,6 +230,51 @@ class ModelPool:
                 results[i] = vectors[start : start + count]
                 start += count
         return [r for r in results if r is not None]
+
+    def score(self, items: Sequence[ScoreWork]) -> list[np.ndarray]:
+        """Scores per item (one per passage), in item order; pairs of one model key are
+        batched by tokens together."""
+        self._check_loaded(i.model_key for i in items)
+        results: list[np.ndarray | None] = [None] * len(items)
+        for model_key, indices in _groups(i.model_key for i in items).items():
+            loaded = self._models[model_key]
+            scorer = self._scorer(loaded)
+            with self._activated(loaded):
+                scores = scorer.score([(items[i].query, items[i].passages) for i in indices])
+            for i, row in zip(indices, scores, strict=True):
+                results[i] = row
+        return [r for r in results if r is not None]
+
+    def classify(self, items: Sequence[ClassifyWork]) -> list[tuple[list[str], np.ndarray]]:
+        """(labels, probabilities) per item, in item order."""
+        self._check_loaded(i.model_key for i in items)
+        results: list[tuple[list[str], np.ndarray] | None] = [None] * len(items)
+        for model_key, indices in _groups(i.model_key for i in items).items():
+            loaded = self._models[model_key]
+            if loaded.head is None or loaded.head[0].kind != "classify":
+                raise UnsupportedOpError(f"model {model_key!r} has no classify head")
+            classifier = Classifier(loaded.encoder, loaded.head)
+            texts = [t for i in indices for t in items[i].texts]
+            with self._activated(loaded):
+                matrix = classifier.predict_proba(texts)
+            start = 0
+            for i in indices:
+                count = len(items[i].texts)
+                results[i] = (list(classifier.labels), matrix[start : start + count])
+                start += count
+        return [r for r in results if r is not None]
+
+    def _scorer(self, loaded: _Loaded) -> Scorer:
+        if loaded.head is not None and loaded.head[0].kind != "score":
+            raise UnsupportedOpError(
+                f"model {loaded.model_key!r} has a {loaded.head[0].kind} head; it cannot score"
+            )
+        return Scorer(loaded.encoder, loaded.head)
+
+    def _check_loaded(self, keys: Iterable[str]) -> None:
+        missing = sorted({k for k in keys if k not in self._models})
+        if missing:
+            raise ModelNotLoadedError(f"model(s) not loaded: {', '.join(map(repr, missing))}")
 
     @contextlib.contextmanager
     def _activated(self, loaded: _Loaded) -> Iterator[None]:

@@ -27,15 +27,24 @@ from typing import Any, TypeVar
 
 from serving import protocol as p
 from serving.runtime.encoder import ModelLoadError, ModelSpec
-from serving.runtime.pool import EncodeItem, ModelKeyConflictError, ModelNotLoadedError, ModelPool
+from serving.runtime.heads import HeadError
+from serving.runtime.pool import (
+    ClassifyWork,
+    EncodeItem,
+    ModelKeyConflictError,
+    ModelNotLoadedError,
+    ModelPool,
+    ScoreWork,
+    UnsupportedOpError,
+)
 
 log = logging.getLogger("taskfleet.runtime")
-CAPABILITIES = ["embed", "lora", "mixed_adapters"]
+CAPABILITIES = ["embed", "lora", "mixed_adapters", "score", "classify"]
 T = TypeVar("T")
 
 
 class BatchExpired(RuntimeError):
-    """An infer batch whose deadline passed while it waited in the queue: it is not run."""
+    """A batch (infer, score or classify) whose deadline passed while it waited in the queue: it is not run."""
 
 
 class RuntimeServer:
@@ -148,6 +157,10 @@ class RuntimeServer:
                 return p.UnloadReply(id=request.id, model_key=request.model_key, memory_bytes=freed)
             case p.InferRequest():
                 return await self._infer(request)
+            case p.ScoreRequest():
+                return await self._score(request)
+            case p.ClassifyRequest():
+                return await self._classify(request)
             case p.StatsRequest():
                 total, models = self.pool.snapshot()
                 return p.StatsReply(
@@ -179,26 +192,53 @@ class RuntimeServer:
 
     async def _infer(self, request: p.InferRequest) -> p.InferReply:
         items = [EncodeItem(i.model_key, i.kind, i.texts) for i in request.items]
-        started = threading.Event()
-        with self._waiting_lock:
-            self._waiting += 1
-
-        def run() -> list[Any]:
-            self._leave_queue(started)
-            # Nobody waits for a batch past its deadline: computing it would only delay the next.
-            if request.deadline_ms is not None and time.time() * 1000 > request.deadline_ms:
-                raise BatchExpired(f"batch {request.batch_id} expired before it could run")
-            return self.pool.encode(items)
-
-        try:
-            matrices = await self._in_worker(run)
-        finally:
-            self._leave_queue(started)  # the batch never started when it was cancelled
+        matrices = await self._queued(self.pool.encode, items, request)
         return p.InferReply(
             id=request.id,
             batch_id=request.batch_id,
             results=[p.InferResult.from_matrix(m) for m in matrices],
         )
+
+    async def _score(self, request: p.ScoreRequest) -> p.ScoreReply:
+        items = [ScoreWork(i.model_key, i.query, i.passages) for i in request.items]
+        scores = await self._queued(self.pool.score, items, request)
+        return p.ScoreReply(
+            id=request.id,
+            batch_id=request.batch_id,
+            results=[p.ScoreResult.from_array(s) for s in scores],
+        )
+
+    async def _classify(self, request: p.ClassifyRequest) -> p.ClassifyReply:
+        items = [ClassifyWork(i.model_key, i.texts) for i in request.items]
+        results = await self._queued(self.pool.classify, items, request)
+        return p.ClassifyReply(
+            id=request.id,
+            batch_id=request.batch_id,
+            results=[p.ClassifyResult.from_matrix(labels, m) for labels, m in results],
+        )
+
+    async def _queued(
+        self,
+        fn: Callable[[Any], T],
+        items: Any,
+        request: p.InferRequest | p.ScoreRequest | p.ClassifyRequest,
+    ) -> T:
+        """Run one batch op in the worker thread, counted as waiting until it starts."""
+        started = threading.Event()
+        with self._waiting_lock:
+            self._waiting += 1
+
+        def run() -> T:
+            self._leave_queue(started)
+            # Nobody waits for a batch past its deadline: computing it would only delay the next.
+            if request.deadline_ms is not None and time.time() * 1000 > request.deadline_ms:
+                raise BatchExpired(f"batch {request.batch_id} expired before it could run")
+            return fn(items)
+
+        try:
+            return await self._in_worker(run)
+        finally:
+            self._leave_queue(started)  # the batch never started when it was cancelled
 
     def _leave_queue(self, started: threading.Event) -> None:
         with self._waiting_lock:
@@ -219,7 +259,7 @@ def _classify(exc: Exception) -> tuple[p.ErrorCode, str]:
     """Map an exception raised by an op to the protocol's error code and a message."""
     if isinstance(exc, ModelNotLoadedError):
         return p.ErrorCode.MODEL_NOT_LOADED, str(exc.args[0] if exc.args else exc)
-    if isinstance(exc, ModelKeyConflictError):
+    if isinstance(exc, ModelKeyConflictError | UnsupportedOpError | HeadError):
         return p.ErrorCode.BAD_REQUEST, str(exc)
     if isinstance(exc, ModelLoadError):
         return p.ErrorCode.LOAD_FAILED, str(exc)
@@ -252,7 +292,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m serving.runtime.server",
         description=(
             "taskfleet PyTorch runtime: serves the sidecar<->runtime protocol (docs/protocol.md) "
-            "on a Unix socket. Ops: hello, load, unload, infer, stats, shutdown. Adapters of one "
+            "on a Unix socket. Ops: hello, load, unload, infer, score, classify, stats, "
+            "shutdown. Adapters of one "
             "base share one loaded base model. Exits on `shutdown` or SIGTERM and removes the "
             "socket file."
         ),

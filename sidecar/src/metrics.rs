@@ -207,7 +207,7 @@ impl Metrics {
             ),
             runtime_seconds: Histogram::new(
                 "taskfleet_sidecar_runtime_seconds",
-                "Latency of runtime calls by op (infer, load), failures included.",
+                "Latency of runtime calls by op (infer, score, classify, load), failures included.",
                 &["op"],
                 SECONDS_BUCKETS,
             ),

@@ -58,6 +58,8 @@ pub enum Request {
     Load(LoadRequest),
     Unload(UnloadRequest),
     Infer(InferRequest),
+    Score(ScoreRequest),
+    Classify(ClassifyRequest),
     Stats(BareRequest),
     Shutdown(BareRequest),
 }
@@ -69,6 +71,8 @@ impl Request {
             Request::Load(r) => r.id,
             Request::Unload(r) => r.id,
             Request::Infer(r) => r.id,
+            Request::Score(r) => r.id,
+            Request::Classify(r) => r.id,
             Request::Stats(r) | Request::Shutdown(r) => r.id,
         }
     }
@@ -79,6 +83,8 @@ impl Request {
             Request::Load(_) => "load",
             Request::Unload(_) => "unload",
             Request::Infer(_) => "infer",
+            Request::Score(_) => "score",
+            Request::Classify(_) => "classify",
             Request::Stats(_) => "stats",
             Request::Shutdown(_) => "shutdown",
         }
@@ -124,6 +130,40 @@ pub struct InferRequest {
     pub items: Vec<InferItem>,
     /// Unix epoch milliseconds after which nobody waits for this batch any more: a runtime
     /// that has not started it by then drops it (`DEADLINE_EXCEEDED`). `None`: no deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// Passages to score against one query with one model (one rerank request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreItem {
+    pub model_key: String,
+    pub query: String,
+    pub passages: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreRequest {
+    pub id: u64,
+    pub batch_id: String,
+    pub items: Vec<ScoreItem>,
+    /// As `InferRequest`'s: past it the runtime drops the batch unrun.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyItem {
+    pub model_key: String,
+    pub texts: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyRequest {
+    pub id: u64,
+    pub batch_id: String,
+    pub items: Vec<ClassifyItem>,
+    /// As `InferRequest`'s: past it the runtime drops the batch unrun.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
 }
@@ -179,6 +219,37 @@ pub struct InferReply {
     pub ok: bool,
     pub batch_id: String,
     pub results: Vec<Embeddings>,
+}
+
+/// Scores of one score item: little-endian f32, one per passage in request order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    pub count: u32,
+    pub scores: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreReply {
+    pub id: u64,
+    pub ok: bool,
+    pub batch_id: String,
+    pub results: Vec<Scores>,
+}
+
+/// Label probabilities of one classify item: `count x labels.len()` little-endian f32 rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Probabilities {
+    pub count: u32,
+    pub labels: Vec<String>,
+    pub probabilities: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyReply {
+    pub id: u64,
+    pub ok: bool,
+    pub batch_id: String,
+    pub results: Vec<Probabilities>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -244,11 +315,71 @@ pub enum EmbeddingsData {
     Ref(PayloadRef),
 }
 
+/// A rerank request on the queue: score `documents` against `query` (`op` is "score").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScorePayload {
+    pub v: u32,
+    pub task: String,
+    pub op: String,
+    pub query: String,
+    pub documents: Inputs,
+}
+
+/// A classification request on the queue (`op` is "classify").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyPayload {
+    pub v: u32,
+    pub task: String,
+    pub op: String,
+    pub inputs: Inputs,
+}
+
+/// Any queue payload: the `op` field names score and classify requests; without it, an
+/// embedding request. Variants are tried in order and each needs its own fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskPayload {
+    Score(ScorePayload),
+    Classify(ClassifyPayload),
+    Embed(QueuePayload),
+}
+
+impl TaskPayload {
+    pub fn v(&self) -> u32 {
+        match self {
+            TaskPayload::Score(p) => p.v,
+            TaskPayload::Classify(p) => p.v,
+            TaskPayload::Embed(p) => p.v,
+        }
+    }
+
+    pub fn task(&self) -> &str {
+        match self {
+            TaskPayload::Score(p) => &p.task,
+            TaskPayload::Classify(p) => &p.task,
+            TaskPayload::Embed(p) => &p.task,
+        }
+    }
+
+    /// The op name, checked against the variant (a stray `op` value is refused).
+    pub fn op(&self) -> std::result::Result<&'static str, String> {
+        match self {
+            TaskPayload::Score(p) if p.op == "score" => Ok("score"),
+            TaskPayload::Classify(p) if p.op == "classify" => Ok("classify"),
+            TaskPayload::Embed(_) => Ok("embed"),
+            TaskPayload::Score(p) => Err(format!("unknown op {:?}", p.op)),
+            TaskPayload::Classify(p) => Err(format!("unknown op {:?}", p.op)),
+        }
+    }
+}
+
 /// The reply message published to a request's `Tf-Reply` subject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ReplyMessage {
     Ok(ReplyOk),
+    Score(ScoreReplyOk),
+    Classify(ClassifyReplyOk),
     Error(ReplyError),
 }
 
@@ -262,6 +393,31 @@ pub struct ReplyOk {
     pub dims: u32,
     pub count: u32,
     pub embeddings: EmbeddingsData,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreReplyOk {
+    pub v: u32,
+    pub request_id: String,
+    pub ok: bool,
+    pub op: String,
+    pub model_key: String,
+    pub epoch: u64,
+    pub count: u32,
+    pub scores: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassifyReplyOk {
+    pub v: u32,
+    pub request_id: String,
+    pub ok: bool,
+    pub op: String,
+    pub model_key: String,
+    pub epoch: u64,
+    pub count: u32,
+    pub labels: Vec<String>,
+    pub probabilities: ByteBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -283,6 +439,38 @@ impl ReplyMessage {
             dims: result.dims,
             count: result.count,
             embeddings: EmbeddingsData::Bytes(result.embeddings),
+        })
+    }
+
+    pub fn scores(request_id: &str, model_key: &str, epoch: u64, result: Scores) -> Self {
+        ReplyMessage::Score(ScoreReplyOk {
+            v: PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            ok: true,
+            op: "score".to_string(),
+            model_key: model_key.to_string(),
+            epoch,
+            count: result.count,
+            scores: result.scores,
+        })
+    }
+
+    pub fn probabilities(
+        request_id: &str,
+        model_key: &str,
+        epoch: u64,
+        result: Probabilities,
+    ) -> Self {
+        ReplyMessage::Classify(ClassifyReplyOk {
+            v: PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            ok: true,
+            op: "classify".to_string(),
+            model_key: model_key.to_string(),
+            epoch,
+            count: result.count,
+            labels: result.labels,
+            probabilities: result.probabilities,
         })
     }
 

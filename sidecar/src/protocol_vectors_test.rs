@@ -32,26 +32,46 @@ fn request(op: &'static str) -> Roundtrip {
         "load" => |b| check(b, "load"),
         "unload" => |b| check(b, "unload"),
         "infer" => |b| check(b, "infer"),
+        "score" => |b| check(b, "score"),
+        "classify" => |b| check(b, "classify"),
         "stats" => |b| check(b, "stats"),
         "shutdown" => |b| check(b, "shutdown"),
         _ => unreachable!("unknown op {op}"),
     }
 }
 
-fn reply_message(expect_ok: bool) -> Roundtrip {
-    fn check(bytes: &[u8], expect_ok: bool) -> Result<Vec<u8>> {
+fn reply_message(variant: &'static str) -> Roundtrip {
+    fn check(bytes: &[u8], variant: &str) -> Result<Vec<u8>> {
         let reply: ReplyMessage = decode(bytes)?;
-        assert_eq!(
-            matches!(reply, ReplyMessage::Ok(_)),
-            expect_ok,
-            "wrong reply variant"
-        );
+        let got = match reply {
+            ReplyMessage::Ok(_) => "ok",
+            ReplyMessage::Score(_) => "score",
+            ReplyMessage::Classify(_) => "classify",
+            ReplyMessage::Error(_) => "error",
+        };
+        assert_eq!(got, variant, "wrong reply variant");
         encode(&reply)
     }
-    if expect_ok {
-        |b| check(b, true)
-    } else {
-        |b| check(b, false)
+    match variant {
+        "ok" => |b| check(b, "ok"),
+        "score" => |b| check(b, "score"),
+        "classify" => |b| check(b, "classify"),
+        "error" => |b| check(b, "error"),
+        _ => unreachable!("unknown reply variant {variant}"),
+    }
+}
+
+fn task_payload(op: &'static str) -> Roundtrip {
+    fn check(bytes: &[u8], op: &str) -> Result<Vec<u8>> {
+        let payload: TaskPayload = decode(bytes)?;
+        assert_eq!(payload.op(), Ok(op), "payload decoded to the wrong op");
+        encode(&payload)
+    }
+    match op {
+        "embed" => |b| check(b, "embed"),
+        "score" => |b| check(b, "score"),
+        "classify" => |b| check(b, "classify"),
+        _ => unreachable!("unknown op {op}"),
     }
 }
 
@@ -61,20 +81,30 @@ fn known_vectors() -> Vec<(&'static str, Roundtrip)> {
         ("socket_load_request", request("load")),
         ("socket_unload_request", request("unload")),
         ("socket_infer_request", request("infer")),
+        ("socket_score_request", request("score")),
+        ("socket_classify_request", request("classify")),
         ("socket_stats_request", request("stats")),
         ("socket_shutdown_request", request("shutdown")),
         ("socket_hello_reply", typed::<HelloReply>),
         ("socket_load_reply", typed::<LoadReply>),
         ("socket_unload_reply", typed::<UnloadReply>),
         ("socket_infer_reply", typed::<InferReply>),
+        ("socket_score_reply", typed::<ScoreReply>),
+        ("socket_classify_reply", typed::<ClassifyReply>),
         ("socket_stats_reply", typed::<StatsReply>),
         ("socket_shutdown_reply", typed::<ShutdownReply>),
         ("socket_error_reply", typed::<ErrorReply>),
         ("queue_payload", typed::<QueuePayload>),
         ("queue_payload_ref", typed::<QueuePayload>),
-        ("reply_ok", reply_message(true)),
-        ("reply_ok_ref", reply_message(true)),
-        ("reply_error", reply_message(false)),
+        ("queue_payload", task_payload("embed")),
+        ("queue_payload_score", task_payload("score")),
+        ("queue_payload_score_ref", task_payload("score")),
+        ("queue_payload_classify", task_payload("classify")),
+        ("reply_ok", reply_message("ok")),
+        ("reply_ok_ref", reply_message("ok")),
+        ("reply_score", reply_message("score")),
+        ("reply_classify", reply_message("classify")),
+        ("reply_error", reply_message("error")),
         ("placement_value", typed::<Placement>),
         ("worker_heartbeat", typed::<WorkerHeartbeat>),
     ]
@@ -124,14 +154,21 @@ fn golden_vectors_roundtrip_byte_identical_and_match_json() {
             continue;
         }
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
-        let roundtrip = known
+        // A vector may be listed more than once (as its own type and as a `TaskPayload`).
+        let roundtrips: Vec<Roundtrip> = known
             .iter()
-            .find(|(known_name, _)| *known_name == name)
-            .unwrap_or_else(|| panic!("vector {name} has no Rust type; add it to the table"))
-            .1;
+            .filter(|(known_name, _)| *known_name == name)
+            .map(|(_, roundtrip)| *roundtrip)
+            .collect();
+        assert!(
+            !roundtrips.is_empty(),
+            "vector {name} has no Rust type; add it to the table"
+        );
         let bytes = std::fs::read(&path).unwrap();
-        let again = roundtrip(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(again, bytes, "{name}: re-encoded bytes differ");
+        for roundtrip in roundtrips {
+            let again = roundtrip(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(again, bytes, "{name}: re-encoded bytes differ");
+        }
 
         let json_path = path.with_extension("json");
         if json_path.exists() {

@@ -22,12 +22,17 @@ pub mod supervisor;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::protocol::{Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats};
+use crate::protocol::{
+    ClassifyItem, Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats, Probabilities,
+    ScoreItem, Scores,
+};
 
 /// Capability names reported in `hello` and heartbeats (docs/protocol.md).
 pub const CAP_EMBED: &str = "embed";
 pub const CAP_LORA: &str = "lora";
 pub const CAP_MIXED_ADAPTERS: &str = "mixed_adapters";
+pub const CAP_SCORE: &str = "score";
+pub const CAP_CLASSIFY: &str = "classify";
 
 /// The runtime kinds a worker can run; a placement names one of them.
 pub const KINDS: [&str; 3] = ["torch", "candle", "http"];
@@ -78,7 +83,45 @@ pub trait Backend: Send + Sync {
         deadline_ms: Option<u64>,
     ) -> Result<Vec<Embeddings>>;
 
+    /// Scores per item (one per passage, in passage order), in item order. Only backends
+    /// with the `score` capability implement it; the others refuse it as `UNKNOWN_OP`
+    /// (the registry never places a rerank task on them).
+    async fn score(
+        &self,
+        batch_id: String,
+        items: Vec<ScoreItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<Vec<Scores>> {
+        let _ = (batch_id, items, deadline_ms);
+        Err(unsupported(&self.info(), CAP_SCORE))
+    }
+
+    /// Label probabilities per item, in item order. Only backends with the `classify`
+    /// capability implement it; the others refuse it as `UNKNOWN_OP`.
+    async fn classify(
+        &self,
+        batch_id: String,
+        items: Vec<ClassifyItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<Vec<Probabilities>> {
+        let _ = (batch_id, items, deadline_ms);
+        Err(unsupported(&self.info(), CAP_CLASSIFY))
+    }
+
     async fn stats(&self) -> Result<RuntimeStats>;
+}
+
+/// What a backend without `capability` answers to that op: not retryable, it never will.
+pub fn unsupported(info: &RuntimeInfo, capability: &str) -> Error {
+    failure(
+        "UNKNOWN_OP",
+        format!(
+            "the {} runtime cannot {capability} (its capabilities: {})",
+            info.runtime,
+            info.capabilities.join(", ")
+        ),
+        false,
+    )
 }
 
 /// A failure a backend answers with, in the protocol's error shape.

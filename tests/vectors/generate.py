@@ -28,6 +28,9 @@ BIN_TAG = "$base64"
 # Exactly representable float32 values, so every language prints and parses them the same.
 EMBEDDINGS_2X3 = np.array([[0.5, -1.0, 0.25], [1.5, 0.0, -0.125]], dtype=np.float32)
 EMBEDDINGS_1X4 = np.array([[1.0, 2.0, -3.5, 0.75]], dtype=np.float32)
+SCORES_3 = np.array([2.5, -0.75, 0.125], dtype=np.float32)
+PROBABILITIES_2X3 = np.array([[0.75, 0.125, 0.125], [0.25, 0.5, 0.25]], dtype=np.float32)
+AREA_LABELS = ["schuldrecht", "sachenrecht", "erbrecht"]
 
 
 def messages() -> dict[str, Any]:
@@ -39,7 +42,7 @@ def messages() -> dict[str, Any]:
             protocol=1,
             runtime="torch",
             runtime_version="2.5.1",
-            capabilities=["embed", "lora", "mixed_adapters"],
+            capabilities=["embed", "lora", "mixed_adapters", "score", "classify"],
         ),
         "socket_load_request": p.LoadRequest(
             id=2,
@@ -78,6 +81,47 @@ def messages() -> dict[str, Any]:
                 p.InferResult.from_matrix(EMBEDDINGS_2X3),
             ],
         ),
+        "socket_score_request": p.ScoreRequest(
+            id=301,
+            batch_id="b-000043",
+            items=[
+                p.ScoreItem(
+                    model_key="minilm+rerank@9c1d",
+                    query="Darf der Vermieter die Kaution behalten?",
+                    passages=[
+                        "§ 551 Begrenzung und Anlage von Mietsicherheiten",
+                        "§ 535",
+                        "§ 1922",
+                    ],
+                ),
+                p.ScoreItem(model_key="minilm+rerank@9c1d", query="Erbschein", passages=["§ 2353"]),
+            ],
+            deadline_ms=1_735_689_631_000,
+        ),
+        "socket_score_reply": p.ScoreReply(
+            id=301,
+            batch_id="b-000043",
+            results=[
+                p.ScoreResult.from_array(SCORES_3),
+                p.ScoreResult.from_array(SCORES_3[:1]),
+            ],
+        ),
+        "socket_classify_request": p.ClassifyRequest(
+            id=302,
+            batch_id="b-000044",
+            items=[
+                p.ClassifyItem(
+                    model_key="minilm+area@51be",
+                    texts=["Mein Vermieter kündigt", "Wer erbt das Haus?"],
+                )
+            ],
+            deadline_ms=1_735_689_632_000,
+        ),
+        "socket_classify_reply": p.ClassifyReply(
+            id=302,
+            batch_id="b-000044",
+            results=[p.ClassifyResult.from_matrix(AREA_LABELS, PROBABILITIES_2X3)],
+        ),
         "socket_stats_request": p.StatsRequest(id=70_000),
         "socket_stats_reply": p.StatsReply(
             id=70_000,
@@ -109,6 +153,35 @@ def messages() -> dict[str, Any]:
             task="german-legal-retrieval",
             kind="passage",
             inputs=p.PayloadRef(ref="payloads/01J9ZK3T4Q"),
+        ),
+        "queue_payload_score": p.ScorePayload(
+            task="german-legal-rerank",
+            query="Darf der Vermieter die Kaution behalten?",
+            documents=["§ 551 Begrenzung und Anlage von Mietsicherheiten", "§ 535", "§ 1922"],
+        ),
+        "queue_payload_score_ref": p.ScorePayload(
+            task="german-legal-rerank",
+            query="Darf der Vermieter die Kaution behalten?",
+            documents=p.PayloadRef(ref="payloads/01J9ZK3T4R"),
+        ),
+        "queue_payload_classify": p.ClassifyPayload(
+            task="german-legal-area",
+            inputs=["Mein Vermieter kündigt", "Wer erbt das Haus?"],
+        ),
+        "reply_score": p.ScoreReplyOk(
+            request_id="01J9ZK3T4R",
+            model_key="minilm+rerank@9c1d",
+            epoch=3,
+            count=3,
+            scores=p.floats_to_bytes(SCORES_3),
+        ),
+        "reply_classify": p.ClassifyReplyOk(
+            request_id="01J9ZK3T4S",
+            model_key="minilm+area@51be",
+            epoch=2,
+            count=2,
+            labels=AREA_LABELS,
+            probabilities=p.floats_to_bytes(PROBABILITIES_2X3),
         ),
         "reply_ok": p.ReplyOk(
             request_id="01J9ZK3T4Q",

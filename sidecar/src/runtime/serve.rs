@@ -17,13 +17,15 @@ use super::socket::{frame, read_frame};
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, ErrorBody, ErrorReply, HelloReply, InferReply, MemoryReply, Request, ShutdownReply,
-    StatsReply, PROTOCOL_VERSION,
+    self, ClassifyReply, ErrorBody, ErrorReply, HelloReply, InferReply, MemoryReply, Request,
+    ScoreReply, ShutdownReply, StatsReply, PROTOCOL_VERSION,
 };
 
 /// The Python runtime's own limit; larger frames end the connection.
 const MAX_REQUEST_BYTES: u32 = 64 * 1024 * 1024;
-const OPS: [&str; 6] = ["hello", "load", "unload", "infer", "stats", "shutdown"];
+const OPS: [&str; 8] = [
+    "hello", "load", "unload", "infer", "score", "classify", "stats", "shutdown",
+];
 
 /// Accepts connections on `socket` until `shutdown` (or a `shutdown` request).
 pub async fn serve(
@@ -170,6 +172,32 @@ async fn handle(backend: &dyn Backend, request: Request) -> Result<Result<Vec<u8
                 id: infer.id,
                 ok: true,
                 batch_id: infer.batch_id,
+                results,
+            })
+        }
+        Request::Score(score) => {
+            let results = backend
+                .score(score.batch_id.clone(), score.items, score.deadline_ms)
+                .await?;
+            protocol::encode(&ScoreReply {
+                id: score.id,
+                ok: true,
+                batch_id: score.batch_id,
+                results,
+            })
+        }
+        Request::Classify(classify) => {
+            let results = backend
+                .classify(
+                    classify.batch_id.clone(),
+                    classify.items,
+                    classify.deadline_ms,
+                )
+                .await?;
+            protocol::encode(&ClassifyReply {
+                id: classify.id,
+                ok: true,
+                batch_id: classify.batch_id,
                 results,
             })
         }

@@ -16,12 +16,13 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, RuntimeInfo, RuntimeStats};
+use super::{unsupported, Backend, RuntimeInfo, RuntimeStats, CAP_CLASSIFY, CAP_SCORE};
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, BareRequest, Embeddings, ErrorReply, HelloReply, HelloRequest, InferItem, InferReply,
-    InferRequest, LoadReply, LoadRequest, ReplyHead, Request, ShutdownReply, StatsReply,
-    UnloadReply, UnloadRequest, PROTOCOL_VERSION,
+    self, BareRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Embeddings, ErrorReply,
+    HelloReply, HelloRequest, InferItem, InferReply, InferRequest, LoadReply, LoadRequest,
+    Probabilities, ReplyHead, Request, ScoreItem, ScoreReply, ScoreRequest, Scores, ShutdownReply,
+    StatsReply, UnloadReply, UnloadRequest, PROTOCOL_VERSION,
 };
 
 /// Larger frames mean a broken peer; the Python runtime's own limit is 64 MiB.
@@ -150,6 +151,67 @@ impl RuntimeClient {
             return Err(Error::Protocol(format!(
                 "infer of {count} items returned {} results",
                 reply.results.len()
+            )));
+        }
+        Ok(reply)
+    }
+
+    /// Scores per item (one per passage); checks that every item got its scores.
+    pub async fn score(
+        &self,
+        batch_id: String,
+        items: Vec<ScoreItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<ScoreReply> {
+        let expected: Vec<usize> = items.iter().map(|i| i.passages.len()).collect();
+        let id = self.next_id();
+        let reply: ScoreReply = self
+            .call(Request::Score(ScoreRequest {
+                id,
+                batch_id,
+                items,
+                deadline_ms,
+            }))
+            .await?;
+        let got: Vec<usize> = reply.results.iter().map(|r| r.count as usize).collect();
+        if got != expected
+            || reply
+                .results
+                .iter()
+                .any(|r| r.scores.len() != 4 * r.count as usize)
+        {
+            return Err(Error::Protocol(format!(
+                "score of {expected:?} passages returned {got:?} scores"
+            )));
+        }
+        Ok(reply)
+    }
+
+    /// Label probabilities per item; checks the shape of every result.
+    pub async fn classify(
+        &self,
+        batch_id: String,
+        items: Vec<ClassifyItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<ClassifyReply> {
+        let expected: Vec<usize> = items.iter().map(|i| i.texts.len()).collect();
+        let id = self.next_id();
+        let reply: ClassifyReply = self
+            .call(Request::Classify(ClassifyRequest {
+                id,
+                batch_id,
+                items,
+                deadline_ms,
+            }))
+            .await?;
+        let got: Vec<usize> = reply.results.iter().map(|r| r.count as usize).collect();
+        let sized = reply
+            .results
+            .iter()
+            .all(|r| r.probabilities.len() == 4 * r.count as usize * r.labels.len());
+        if got != expected || !sized {
+            return Err(Error::Protocol(format!(
+                "classify of {expected:?} texts returned {got:?} rows"
             )));
         }
         Ok(reply)
@@ -294,6 +356,38 @@ impl Backend for SocketRuntime {
         Ok(self
             .client
             .infer(batch_id, items, deadline_ms)
+            .await?
+            .results)
+    }
+
+    async fn score(
+        &self,
+        batch_id: String,
+        items: Vec<ScoreItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<Vec<Scores>> {
+        if !self.info.can(CAP_SCORE) {
+            return Err(unsupported(&self.info, CAP_SCORE));
+        }
+        Ok(self
+            .client
+            .score(batch_id, items, deadline_ms)
+            .await?
+            .results)
+    }
+
+    async fn classify(
+        &self,
+        batch_id: String,
+        items: Vec<ClassifyItem>,
+        deadline_ms: Option<u64>,
+    ) -> Result<Vec<Probabilities>> {
+        if !self.info.can(CAP_CLASSIFY) {
+            return Err(unsupported(&self.info, CAP_CLASSIFY));
+        }
+        Ok(self
+            .client
+            .classify(batch_id, items, deadline_ms)
             .await?
             .results)
     }

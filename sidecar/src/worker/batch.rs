@@ -10,12 +10,14 @@ use futures::StreamExt;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::{self, Envelope, Pending};
+use super::intake::{self, Envelope, Pending, Work};
 use super::outcome::Settler;
 use super::{now_ms, TaskStatus, Workers};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{Embeddings, InferItem, Placement, ReplyMessage};
+use crate::protocol::{
+    ClassifyItem, Embeddings, InferItem, Placement, Probabilities, ReplyMessage, ScoreItem, Scores,
+};
 use crate::residency::Readiness;
 use crate::runtime::Backend;
 
@@ -236,13 +238,16 @@ impl TaskLoop {
         }
     }
 
-    /// Takes messages off the front while they fit the token budget (always at least one).
+    /// Takes messages off the front while they fit the token budget (always at least one) and
+    /// ask for the same op (one runtime call runs one op).
     fn take_batch(&mut self) -> Vec<Pending> {
         let budget = self.workers.config.max_batch_tokens;
-        let mut batch = Vec::new();
+        let mut batch: Vec<Pending> = Vec::new();
         let mut tokens = 0;
         while let Some(next) = self.carry.front() {
-            if !batch.is_empty() && tokens + next.tokens > budget {
+            if !batch.is_empty()
+                && (tokens + next.tokens > budget || next.work.op() != batch[0].work.op())
+            {
                 break;
             }
             tokens += next.tokens;
@@ -295,12 +300,11 @@ impl TaskLoop {
         }
         let workers = self.workers.clone();
         match intake::decode_payload(&self.task, &envelope, &workers.payloads).await {
-            Ok((kind, texts, payload_ref)) => {
-                let tokens = intake::estimate_tokens(&texts);
+            Ok((work, payload_ref)) => {
+                let tokens = work.tokens();
                 self.carry.push_back(Pending {
                     envelope,
-                    kind,
-                    texts,
+                    work,
                     payload_ref,
                     tokens,
                 });
@@ -420,19 +424,11 @@ struct BatchRun<'a> {
 }
 
 impl BatchRun<'_> {
-    /// One `infer` of these messages; long batches keep their messages from being
-    /// redelivered elsewhere with progress acks.
-    /// One result per message, whatever the backend: a short answer must not drop requests.
-    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<Vec<Embeddings>> {
+    /// One runtime call (infer, score or classify) for these messages; long batches keep
+    /// their messages from being redelivered elsewhere with progress acks.
+    /// One answer per message, whatever the backend: a short answer must not drop requests.
+    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<Vec<Answer>> {
         let task = self.settler.task.as_str();
-        let items: Vec<InferItem> = batch
-            .iter()
-            .map(|pending| InferItem {
-                model_key: self.placement.model_key.clone(),
-                kind: pending.kind,
-                texts: pending.texts.clone(),
-            })
-            .collect();
         // The runtime may hold the batch in its queue: past every deadline it drops it unrun.
         let deadline_ms = batch
             .iter()
@@ -446,7 +442,15 @@ impl BatchRun<'_> {
             .observe(&[task], batch.len() as f64);
         metrics().batch_tokens.observe(&[task], tokens as f64);
         let started = Instant::now();
-        let infer = self.backend.infer(batch_id.to_string(), items, deadline_ms);
+        let op = batch.first().map_or("embed", |p| p.work.op());
+        let works = batch.iter().map(|p| p.work.clone()).collect();
+        let infer = call_runtime(
+            self.backend.as_ref(),
+            batch_id.to_string(),
+            &self.placement.model_key,
+            works,
+            deadline_ms,
+        );
         tokio::pin!(infer);
         let period = keep_alive_period(self.workers.config.ack_wait);
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -460,28 +464,28 @@ impl BatchRun<'_> {
                 }
             }
         };
+        let metric_op = if op == "embed" { "infer" } else { op };
         metrics()
             .runtime_seconds
-            .observe(&["infer"], started.elapsed().as_secs_f64());
-        let results = result?;
-        if results.len() != batch.len() {
+            .observe(&[metric_op], started.elapsed().as_secs_f64());
+        let answers = result?;
+        if answers.len() != batch.len() {
             return Err(Error::Protocol(format!(
                 "runtime answered {} results for {} items",
-                results.len(),
+                answers.len(),
                 batch.len()
             )));
         }
-        Ok(results)
+        Ok(answers)
     }
 
     /// Replies to every message at once (each waits for its gateway's confirmation).
-    async fn succeed(&self, batch: Vec<Pending>, results: Vec<Embeddings>) {
-        let settles = batch.into_iter().zip(results).map(|(pending, result)| {
-            let reply = ReplyMessage::ok(
+    async fn succeed(&self, batch: Vec<Pending>, answers: Vec<Answer>) {
+        let settles = batch.into_iter().zip(answers).map(|(pending, answer)| {
+            let reply = answer.into_reply(
                 &pending.envelope.request_id,
                 &self.placement.model_key,
                 self.placement.epoch,
-                result,
             );
             async move {
                 let answered = self.settler.succeed(pending.envelope, reply).await;
@@ -498,6 +502,84 @@ impl BatchRun<'_> {
     async fn fail(&self, batch: Vec<Pending>, error: &Error) {
         for pending in batch {
             self.settler.fail(pending.envelope, error).await;
+        }
+    }
+}
+
+/// What the runtime answered for one request of a batch.
+enum Answer {
+    Embeddings(Embeddings),
+    Scores(Scores),
+    Probabilities(Probabilities),
+}
+
+impl Answer {
+    fn into_reply(self, request_id: &str, model_key: &str, epoch: u64) -> ReplyMessage {
+        match self {
+            Answer::Embeddings(r) => ReplyMessage::ok(request_id, model_key, epoch, r),
+            Answer::Scores(r) => ReplyMessage::scores(request_id, model_key, epoch, r),
+            Answer::Probabilities(r) => {
+                ReplyMessage::probabilities(request_id, model_key, epoch, r)
+            }
+        }
+    }
+}
+
+/// One runtime call for a batch of requests of one op (`take_batch` never mixes ops); the
+/// answers come back in request order.
+async fn call_runtime(
+    backend: &dyn Backend,
+    batch_id: String,
+    model_key: &str,
+    works: Vec<Work>,
+    deadline_ms: Option<u64>,
+) -> Result<Vec<Answer>> {
+    let key = || model_key.to_string();
+    match works.first() {
+        None => Ok(Vec::new()),
+        Some(Work::Embed { .. }) => {
+            let mut items = Vec::with_capacity(works.len());
+            for work in works {
+                let Work::Embed { kind, texts } = work else {
+                    return Err(Error::Protocol("a batch mixed ops".into()));
+                };
+                items.push(InferItem {
+                    model_key: key(),
+                    kind,
+                    texts,
+                });
+            }
+            let results = backend.infer(batch_id, items, deadline_ms).await?;
+            Ok(results.into_iter().map(Answer::Embeddings).collect())
+        }
+        Some(Work::Score { .. }) => {
+            let mut items = Vec::with_capacity(works.len());
+            for work in works {
+                let Work::Score { query, documents } = work else {
+                    return Err(Error::Protocol("a batch mixed ops".into()));
+                };
+                items.push(ScoreItem {
+                    model_key: key(),
+                    query,
+                    passages: documents,
+                });
+            }
+            let results = backend.score(batch_id, items, deadline_ms).await?;
+            Ok(results.into_iter().map(Answer::Scores).collect())
+        }
+        Some(Work::Classify { .. }) => {
+            let mut items = Vec::with_capacity(works.len());
+            for work in works {
+                let Work::Classify { texts } = work else {
+                    return Err(Error::Protocol("a batch mixed ops".into()));
+                };
+                items.push(ClassifyItem {
+                    model_key: key(),
+                    texts,
+                });
+            }
+            let results = backend.classify(batch_id, items, deadline_ms).await?;
+            Ok(results.into_iter().map(Answer::Probabilities).collect())
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::error::{Error, Result};
 use crate::nats::Payloads;
-use crate::protocol::{self, Inputs, QueuePayload, TextKind};
+use crate::protocol::{self, Inputs, TaskPayload, TextKind};
 
 pub const HEADER_REQUEST_ID: &str = "Tf-Request-Id";
 pub const HEADER_REPLY: &str = "Tf-Reply";
@@ -84,44 +84,108 @@ impl Envelope {
     }
 }
 
+/// What a request asks the runtime to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    /// Embeddings of the texts (`infer`).
+    Embed { kind: TextKind, texts: Vec<String> },
+    /// A score per document against the query (`score`, a rerank request).
+    Score {
+        query: String,
+        documents: Vec<String>,
+    },
+    /// Label probabilities per text (`classify`).
+    Classify { texts: Vec<String> },
+}
+
+impl Work {
+    pub fn op(&self) -> &'static str {
+        match self {
+            Work::Embed { .. } => "embed",
+            Work::Score { .. } => "score",
+            Work::Classify { .. } => "classify",
+        }
+    }
+
+    /// The request's texts: the inputs, or a score request's documents.
+    fn set_texts(&mut self, new: Vec<String>) {
+        match self {
+            Work::Embed { texts, .. } | Work::Classify { texts } => *texts = new,
+            Work::Score { documents, .. } => *documents = new,
+        }
+    }
+
+    /// The batching estimate of tokens. A (query, document) pair is one sequence holding both
+    /// texts, so a score request counts the query once per document.
+    pub fn tokens(&self) -> usize {
+        match self {
+            Work::Embed { texts, .. } | Work::Classify { texts } => estimate_tokens(texts),
+            Work::Score { query, documents } => {
+                let query_tokens = estimate_tokens(std::slice::from_ref(query));
+                query_tokens * documents.len() + estimate_tokens(documents)
+            }
+        }
+    }
+}
+
 /// A decoded request, ready to join a batch.
 pub struct Pending {
     pub envelope: Envelope,
-    pub kind: TextKind,
-    pub texts: Vec<String>,
+    pub work: Work,
     /// Object-store key of the inputs, deleted once the request is answered.
     pub payload_ref: Option<String>,
     pub tokens: usize,
 }
 
-/// Decodes and checks a queue payload (no I/O). `Error::BadPayload` means the message can
-/// never succeed.
-pub fn parse_payload(task: &str, bytes: &[u8]) -> Result<QueuePayload> {
-    let payload: QueuePayload = protocol::decode(bytes)
+/// Decodes and checks a queue payload (no I/O): an embed, score or classify request of this
+/// task. `Error::BadPayload` means the message can never succeed.
+pub fn parse_payload(task: &str, bytes: &[u8]) -> Result<TaskPayload> {
+    let payload: TaskPayload = protocol::decode(bytes)
         .map_err(|e| Error::BadPayload(format!("payload is not a v1 queue payload: {e}")))?;
-    if payload.v != protocol::PROTOCOL_VERSION || payload.task != task {
+    if payload.v() != protocol::PROTOCOL_VERSION || payload.task() != task {
         return Err(Error::BadPayload(format!(
             "payload v{} for task {:?} arrived on task {task:?}",
-            payload.v, payload.task
+            payload.v(),
+            payload.task()
         )));
     }
+    payload.op().map_err(Error::BadPayload)?;
     Ok(payload)
 }
 
-/// Decodes the payload, fetching object-store inputs.
+/// Decodes the payload into work, fetching object-store inputs.
 pub async fn decode_payload(
     task: &str,
     envelope: &Envelope,
     payloads: &Payloads,
-) -> Result<(TextKind, Vec<String>, Option<String>)> {
-    let payload = parse_payload(task, &envelope.msg.payload)?;
-    match payload.inputs {
-        Inputs::Texts(texts) => Ok((payload.kind, texts, None)),
+) -> Result<(Work, Option<String>)> {
+    // The texts (inline or in the object store) go into the work once they are at hand.
+    let (inputs, mut work) = match parse_payload(task, &envelope.msg.payload)? {
+        TaskPayload::Embed(p) => (
+            p.inputs,
+            Work::Embed {
+                kind: p.kind,
+                texts: Vec::new(),
+            },
+        ),
+        TaskPayload::Classify(p) => (p.inputs, Work::Classify { texts: Vec::new() }),
+        TaskPayload::Score(p) => (
+            p.documents,
+            Work::Score {
+                query: p.query,
+                documents: Vec::new(),
+            },
+        ),
+    };
+    let (texts, payload_ref) = match inputs {
+        Inputs::Texts(texts) => (texts, None),
         Inputs::Ref(reference) => {
             let texts = fetch_inputs(&payloads.store().await?, &reference.key).await?;
-            Ok((payload.kind, texts, Some(reference.key)))
+            (texts, Some(reference.key))
         }
-    }
+    };
+    work.set_texts(texts);
+    Ok((work, payload_ref))
 }
 
 /// Inputs moved to the object store: the object holds a msgpack array of strings.
@@ -147,3 +211,33 @@ pub fn estimate_tokens(texts: &[String]) -> usize {
 #[cfg(test)]
 #[path = "intake_fuzz_test.rs"]
 mod fuzz_test;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pair_counts_both_texts() {
+        let query = "q".repeat(40); // 10 tokens by the estimate
+        let documents = vec!["d".repeat(8), "d".repeat(20)]; // 2 + 5 tokens
+        let score = Work::Score {
+            query,
+            documents: documents.clone(),
+        };
+        assert_eq!(score.tokens(), 10 * 2 + 2 + 5);
+        let classify = Work::Classify { texts: documents };
+        assert_eq!(classify.tokens(), 7);
+        assert_eq!((score.op(), classify.op()), ("score", "classify"));
+    }
+
+    #[test]
+    fn a_stray_op_is_refused() {
+        let payload = TaskPayload::Classify(protocol::ClassifyPayload {
+            v: 1,
+            task: "t".into(),
+            op: "summarize".into(),
+            inputs: Inputs::Texts(vec!["x".into()]),
+        });
+        assert!(payload.op().is_err());
+    }
+}

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::{parse_payload, RequestHeaders, HEADER_DEADLINE, HEADER_REPLY, HEADER_REQUEST_ID};
 use crate::protocol::{
-    self, Inputs, PayloadRef, Placement, QueuePayload, TextKind, WorkerHeartbeat,
+    self, Inputs, PayloadRef, Placement, QueuePayload, TaskPayload, TextKind, WorkerHeartbeat,
 };
 
 fn payload_strategy() -> impl Strategy<Value = QueuePayload> {
@@ -31,7 +31,7 @@ proptest! {
     #[test]
     fn fuzz_arbitrary_payload_bytes_are_refused_not_panicked_on(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         if let Ok(payload) = parse_payload("fuzz-task", &bytes) {
-            prop_assert_eq!(payload.task, "fuzz-task");
+            prop_assert_eq!(payload.task(), "fuzz-task");
         }
         let _ = protocol::decode::<Placement>(&bytes);
         let _ = protocol::decode::<WorkerHeartbeat>(&bytes);
@@ -40,7 +40,10 @@ proptest! {
     #[test]
     fn fuzz_well_formed_payloads_decode_to_what_was_sent(payload in payload_strategy()) {
         let bytes = protocol::encode(&payload).unwrap();
-        prop_assert_eq!(parse_payload("fuzz-task", &bytes).unwrap(), payload.clone());
+        prop_assert_eq!(
+            parse_payload("fuzz-task", &bytes).unwrap(),
+            TaskPayload::Embed(payload.clone())
+        );
         // The same bytes on another task's subject are refused, not served.
         prop_assert!(parse_payload("other-task", &bytes).is_err());
         // Any truncation is an error, never a different payload.

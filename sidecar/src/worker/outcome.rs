@@ -62,10 +62,10 @@ impl Settler {
             tracing::warn!(request_id = %envelope.request_id, "message has no Tf-Reply header");
             return Ok(Delivery::Confirmed);
         };
-        let outcome = if matches!(reply, ReplyMessage::Ok(_)) {
-            "ok"
-        } else {
+        let outcome = if matches!(reply, ReplyMessage::Error(_)) {
             "error"
+        } else {
+            "ok"
         };
         let mut bytes = protocol::encode(&reply)?;
         if bytes.len() > self.max_payload() {
