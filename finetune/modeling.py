@@ -34,12 +34,20 @@ def add_trainable_lora(model: Any, hp: LoraHyperparameters, parent_adapter: Path
     from peft import LoraConfig, get_peft_model
 
     _check_target_modules(transformer.auto_model, hp.target_modules)
+    layers: dict[str, Any] = {}
+    if hp.lora_layers is not None:
+        depth = int(getattr(transformer.auto_model.config, "num_hidden_layers", 0) or 0)
+        if not depth:
+            raise AdapterConfigError("this base model does not say how many layers it has")
+        first = max(0, depth - hp.lora_layers)
+        layers = {"layers_to_transform": list(range(first, depth)), "layers_pattern": "layer"}
     config = LoraConfig(
         r=hp.rank,
         lora_alpha=hp.alpha,
         lora_dropout=hp.dropout,
         target_modules=list(hp.target_modules),
         bias="none",
+        **layers,
     )
     try:
         # Installed the way attach_adapter installs a served adapter, so forward is identical.

@@ -1,4 +1,8 @@
-"""`taskfleet finetune lora`: check everything, train, register with lineage, evaluate.
+"""`taskfleet finetune lora|head`: check everything, train, register with lineage, evaluate.
+
+`lora` trains what the task's kind needs: a LoRA for an embedding model (retrieval), a LoRA and
+a score head (a cross-encoder, rerank), a LoRA and a classify head (classification). `head`
+fits only a classify head on the frozen base by logistic regression (mteb's protocol).
 
 Order matters for what a failure leaves behind. Every check that can fail cheaply (task, suite,
 split, base, parent, adapter name) runs before training; the adapter is written to a temporary
@@ -16,11 +20,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from evals.errors import EvalError
-from evals.suites import get_suite
+from evals.suites import SuiteSpec
 from finetune.config import LoraHyperparameters
-from finetune.data import TrainingPairs, load_training_pairs
+from finetune.data import (
+    LabelledTexts,
+    RerankGroups,
+    TrainingPairs,
+    load_labelled,
+    load_rerank_groups,
+    load_training_pairs,
+)
 from finetune.errors import FinetuneError, TrainingInterrupted
-from finetune.job import train_adapter
+from finetune.job import fit_linear_head, train_adapter, train_head_adapter
 from finetune.tracking import TrainingRun
 from finetune.trainer import StepCallback, TrainingResult
 from registry import Registry
@@ -48,7 +59,7 @@ class FinetuneOutcome:
     adapter: Adapter
     candidate: Candidate
     training: TrainingResult
-    data: TrainingPairs
+    data: TrainingPairs | RerankGroups | LabelledTexts
     eval_run: EvalRun | None
     mlflow_run_id: str | None
 
@@ -66,9 +77,17 @@ def finetune_lora(
     on_step: StepCallback | None = None,
     on_phase: PhaseCallback | None = None,
 ) -> FinetuneOutcome:
+    from evals.runner import EvalPaths, task_suite
+
     phase = on_phase or (lambda _phase, _detail: None)
     task = reg.get_task(request.task)
-    suite = get_suite(task.suite, location=request.suite_location)
+    suite = task_suite(
+        reg,
+        task.name,
+        EvalPaths(
+            cache_dir=Path("."), data_root=request.data_root, suite_location=request.suite_location
+        ),
+    )
     model = reg.get_model(request.base)
     base_path = reg.model_path(model.name)
     parent_path = _check_parent(reg, request)
@@ -78,10 +97,9 @@ def finetune_lora(
     name = request.name or default_adapter_name(task.name)
     _check_name_free(reg, name)
 
-    phase("data", f"suite {suite.name}")
-    data = load_training_pairs(
-        suite, request.split, data_root=request.data_root, max_pairs=hp.max_pairs, seed=hp.seed
-    )
+    phase("data", f"suite {suite.name} ({suite.kind})")
+    data = _training_data(suite, request, hp)
+    size, unit = _size(data)
     run = TrainingRun(tracking_uri, task=task.name, run_name=name)
     try:
         run.log_params(
@@ -91,23 +109,36 @@ def finetune_lora(
                 "base": model.name,
                 "parent": request.parent,
                 "suite": suite.name,
+                "kind": suite.kind,
                 "train_split": data.split,
-                "pairs": len(data.pairs),
+                unit: size,
                 "data_fingerprint": data.fingerprint,
             }
         )
         with tempfile.TemporaryDirectory(prefix="taskfleet-lora-") as tmp:
-            phase("train", f"{len(data.pairs)} pairs from split {data.split}")
-            trained = train_adapter(
-                base_path,
-                data,
-                hp,
-                Path(tmp) / "adapter",
-                parent_adapter=parent_path,
-                query_prefix=model.query_prefix,
-                passage_prefix=model.passage_prefix,
-                on_step=on_step,
-            )
+            phase("train", f"{size} {unit} from split {data.split}")
+            if isinstance(data, TrainingPairs):
+                trained = train_adapter(
+                    base_path,
+                    data,
+                    hp,
+                    Path(tmp) / "adapter",
+                    parent_adapter=parent_path,
+                    query_prefix=model.query_prefix,
+                    passage_prefix=model.passage_prefix,
+                    on_step=on_step,
+                )
+            else:
+                trained = train_head_adapter(
+                    "score" if isinstance(data, RerankGroups) else "classify",
+                    base_path,
+                    data,
+                    hp,
+                    Path(tmp) / "adapter",
+                    parent_adapter=parent_path,
+                    query_prefix=model.query_prefix,
+                    on_step=on_step,
+                )
             phase("register", name)
             record = TrainingRecord(
                 data_fingerprint=data.fingerprint,
@@ -134,7 +165,9 @@ def finetune_lora(
     except BaseException:
         run.finish("FAILED")
         raise
-    candidate = reg.add_candidate(task.name, base=model.name, adapter=adapter.name)
+    candidate = reg.add_candidate(
+        task.name, base=model.name, adapter=adapter.name, kind=MODEL_CANDIDATE[suite.kind]
+    )
     eval_run: EvalRun | None = None
     try:
         if request.evaluate:
@@ -152,6 +185,136 @@ def finetune_lora(
     finally:
         run.finish()
     return FinetuneOutcome(adapter, candidate, trained.result, data, eval_run, run.run_id)
+
+
+# The candidate a trained adapter becomes, by task kind.
+MODEL_CANDIDATE = {
+    "retrieval": "embedding",
+    "rerank": "cross-encoder",
+    "classification": "classifier",
+}
+
+
+def _training_data(
+    suite: SuiteSpec, request: FinetuneRequest, hp: LoraHyperparameters
+) -> TrainingPairs | RerankGroups | LabelledTexts:
+    if suite.kind == "rerank":
+        return load_rerank_groups(suite, request.split, data_root=request.data_root)
+    if suite.kind == "classification":
+        return load_labelled(suite, request.split, data_root=request.data_root)
+    return load_training_pairs(
+        suite, request.split, data_root=request.data_root, max_pairs=hp.max_pairs, seed=hp.seed
+    )
+
+
+def _size(data: TrainingPairs | RerankGroups | LabelledTexts) -> tuple[int, str]:
+    if isinstance(data, TrainingPairs):
+        return len(data.pairs), "pairs"
+    if isinstance(data, RerankGroups):
+        return len(data.groups), "queries"
+    return len(data.texts), "texts"
+
+
+@dataclass(frozen=True)
+class HeadRequest:
+    """A classify head fitted by logistic regression on the frozen base's embeddings."""
+
+    task: str
+    base: str
+    name: str | None = None
+    split: str | None = None
+    c: float = 1.0  # inverse regularisation strength of the logistic regression
+    evaluate: bool = True
+    data_root: Path | None = None
+    eval_sample: int | None = None
+
+
+def finetune_head(
+    reg: Registry,
+    request: HeadRequest,
+    *,
+    tracking_uri: str | None = None,
+    cache_dir: Path | None = None,
+    on_phase: PhaseCallback | None = None,
+) -> FinetuneOutcome:
+    """Fit, store, register (with lineage) and evaluate an embedding + logistic-regression
+    head: the classification candidate mteb's protocol describes, as a servable artifact."""
+    from evals.runner import EvalPaths, task_suite
+
+    phase = on_phase or (lambda _phase, _detail: None)
+    task = reg.get_task(request.task)
+    if task.kind != "classification":
+        raise FinetuneError(f"task {task.name!r} is a {task.kind} task; a head classifies")
+    if not request.c > 0:
+        raise FinetuneError("--c must be > 0")
+    suite = task_suite(reg, task.name, EvalPaths(cache_dir=Path("."), data_root=request.data_root))
+    model = reg.get_model(request.base)
+    name = request.name or default_adapter_name(task.name).replace("-lora-", "-head-")
+    _check_name_free(reg, name)
+    phase("data", f"suite {suite.name} ({suite.kind})")
+    data = load_labelled(suite, request.split, data_root=request.data_root)
+    hyperparameters = {"method": "logistic-regression", "C": request.c, "class_weight": "balanced"}
+    run = TrainingRun(tracking_uri, task=task.name, run_name=name)
+    try:
+        run.log_params({**hyperparameters, "task": task.name, "base": model.name})
+        with tempfile.TemporaryDirectory(prefix="taskfleet-head-") as tmp:
+            phase("train", f"embedding {len(data.texts)} texts, fitting the head")
+            path, result = fit_linear_head(
+                reg.model_path(model.name),
+                data,
+                Path(tmp) / "head",
+                c=request.c,
+                query_prefix=model.query_prefix,
+            )
+            phase("register", name)
+            record = TrainingRecord(
+                data_fingerprint=data.fingerprint,
+                train_split=data.split,
+                hyperparameters=hyperparameters,
+                seed=0,
+                code_version=code_version(),
+                suite=suite.name,
+                mlflow_run_id=run.run_id,
+            )
+            run.log_metrics({"train_seconds": result.wall_seconds})
+            run.log_adapter(path)
+            adapter = reg.register_adapter(name, base=model.name, source_dir=path, training=record)
+    except KeyboardInterrupt:
+        run.finish("KILLED")
+        raise TrainingInterrupted("interrupted; nothing was registered") from None
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    candidate = reg.add_candidate(
+        task.name, base=model.name, adapter=adapter.name, kind="classifier"
+    )
+    eval_run: EvalRun | None = None
+    try:
+        if request.evaluate:
+            phase("evaluate", f"suite {suite.name}")
+            eval_request = FinetuneRequest(
+                task=task.name,
+                base=model.name,
+                data_root=request.data_root,
+                eval_sample=request.eval_sample,
+            )
+            try:
+                eval_run = _evaluate(
+                    reg,
+                    task.name,
+                    candidate,
+                    eval_request,
+                    cache_dir or Path(tmp_cache()),
+                    tracking_uri,
+                )
+            except EvalError as exc:
+                raise FinetuneError(
+                    f"head {adapter.name!r} is registered (candidate {candidate.name!r}) but its "
+                    f"evaluation failed: {exc}"
+                ) from exc
+    finally:
+        run.finish()
+    return FinetuneOutcome(adapter, candidate, result, data, eval_run, run.run_id)
 
 
 def _check_parent(reg: Registry, request: FinetuneRequest) -> Path | None:

@@ -1,4 +1,5 @@
-"""The contrastive LoRA training loop: in-batch negatives, optional mined hard negatives.
+"""The training loop shared by every kind (``optimize``), and the contrastive LoRA training of
+embedding models on it: in-batch negatives, optional mined hard negatives.
 
 For a batch of B (query, positive) pairs the loss is cross-entropy over scaled cosine
 similarities of each query against all B positives (plus B hard negatives when mined), with
@@ -9,10 +10,11 @@ draw from seeded generators.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,75 @@ def plan_steps(pairs: int, hp: LoraHyperparameters) -> tuple[int, int]:
     return per_epoch, total
 
 
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step: its epoch and how to compute its loss."""
+
+    epoch: int
+    loss: Callable[[], Any]
+
+
+def optimize(
+    modules: list[Any],
+    param_groups: list[dict[str, Any]],
+    hp: LoraHyperparameters,
+    total_steps: int,
+    steps: Iterable[Step],
+    on_step: StepCallback | None,
+) -> TrainingResult:
+    """The one training loop: AdamW, linear warm-up and decay, gradient clipping at 1.0, a
+    report per step; ``modules`` are put in train mode for the run and eval mode after."""
+    import torch
+
+    params = [p for group in param_groups for p in group["params"]]
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=0.0)
+    warmup = int(total_steps * hp.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _linear_schedule(warmup, total_steps))
+    result = TrainingResult(trainable_parameters=sum(p.numel() for p in params))
+    for module in modules:
+        module.train()
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    step = 0
+    try:
+        for item in steps:
+            if step >= total_steps:
+                break
+            loss = item.loss()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            result.losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(
+                    StepReport(
+                        step=step,
+                        total_steps=total_steps,
+                        epoch=item.epoch,
+                        loss=result.losses[-1],
+                        learning_rate=float(scheduler.get_last_lr()[0]),
+                        elapsed_seconds=time.perf_counter() - started,
+                    )
+                )
+    except (RuntimeError, MemoryError) as exc:
+        if isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate" in str(exc):
+            raise TrainingOutOfMemory(
+                f"out of memory at step {step + 1} (batch {hp.batch_size}, max length "
+                f"{hp.max_seq_length}); lower --batch-size or --max-seq-length"
+            ) from exc
+        raise
+    finally:
+        for module in modules:
+            module.eval()
+    result.steps = step
+    result.wall_seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu_started
+    return result
+
+
 def train_lora(
     model: Any,
     data: TrainingPairs,
@@ -77,8 +148,6 @@ def train_lora(
     on_step: StepCallback | None = None,
 ) -> TrainingResult:
     """Add a LoRA (or continue the parent's) to `model` and train it in place."""
-    import torch
-
     if len(data.pairs) < hp.batch_size:
         raise TrainingDataError(
             f"the training split has {len(data.pairs)} pairs, fewer than one batch of "
@@ -86,61 +155,33 @@ def train_lora(
         )
     seed_everything(hp.seed)
     add_trainable_lora(model, hp, parent_adapter)
-    params = trainable_parameters(model)
     per_epoch, total_steps = plan_steps(len(data.pairs), hp)
-    optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=0.0)
-    warmup = int(total_steps * hp.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _linear_schedule(warmup, total_steps))
-    result = TrainingResult(
-        pairs=len(data.pairs), trainable_parameters=sum(p.numel() for p in params)
-    )
 
-    model.train()
-    started = time.perf_counter()
-    cpu_started = time.process_time()
-    step = 0
-    try:
+    def steps() -> Iterator[Step]:
         for epoch in range(hp.epochs):
             rng = random.Random(hp.seed * 1_000_003 + epoch)
             order = list(data.pairs)
             rng.shuffle(order)
             for start in range(0, per_epoch * hp.batch_size, hp.batch_size):
-                if step >= total_steps:
-                    break
                 batch = order[start : start + hp.batch_size]
-                loss = _batch_loss(
-                    model, data, batch, hp, rng, hard_negatives, query_prefix, passage_prefix
+                yield Step(
+                    epoch,
+                    functools.partial(
+                        _batch_loss,
+                        model,
+                        data,
+                        batch,
+                        hp,
+                        rng,
+                        hard_negatives,
+                        query_prefix,
+                        passage_prefix,
+                    ),
                 )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                result.losses.append(float(loss.detach()))
-                if on_step is not None:
-                    on_step(
-                        StepReport(
-                            step=step,
-                            total_steps=total_steps,
-                            epoch=epoch,
-                            loss=result.losses[-1],
-                            learning_rate=float(scheduler.get_last_lr()[0]),
-                            elapsed_seconds=time.perf_counter() - started,
-                        )
-                    )
-    except (RuntimeError, MemoryError) as exc:
-        if isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate" in str(exc):
-            raise TrainingOutOfMemory(
-                f"out of memory at step {step + 1} (batch {hp.batch_size}, max length "
-                f"{hp.max_seq_length}); lower --batch-size or --max-seq-length"
-            ) from exc
-        raise
-    finally:
-        model.eval()
-    result.steps = step
-    result.wall_seconds = time.perf_counter() - started
-    result.cpu_seconds = time.process_time() - cpu_started
+
+    groups = [{"params": trainable_parameters(model), "lr": hp.learning_rate}]
+    result = optimize([model], groups, hp, total_steps, steps(), on_step)
+    result.pairs = len(data.pairs)
     return result
 
 

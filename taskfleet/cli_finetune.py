@@ -1,4 +1,8 @@
-"""`taskfleet finetune lora TASK --base MODEL [--parent ADAPTER] [hyperparameters]`."""
+"""`taskfleet finetune lora TASK --base MODEL [--parent ADAPTER] [hyperparameters]` and
+`taskfleet finetune head TASK --base MODEL` (classification: logistic regression on embeddings).
+
+`lora` trains what the task's kind needs: an embedding LoRA (retrieval), a cross-encoder LoRA
+plus score head (rerank), a classifier LoRA plus classify head (classification)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ def lora(
     ),
     name: str | None = typer.Option(None, "--name", help="Adapter name (default: dated)."),
     preset_name: str = typer.Option(
-        "default", "--preset", help="Hyperparameter preset (default, demo); flags override it."
+        "default",
+        "--preset",
+        help="Hyperparameter preset of the task's kind (default, demo; retrieval also epoch, "
+        "short); flags override it.",
     ),
     split: str | None = typer.Option(
         None, "--split", help="Training split (default: the suite's); test splits are refused."
@@ -56,6 +63,18 @@ def lora(
         None, "--max-pairs", help="Train on a seeded sample of this many pairs."
     ),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many steps."),
+    head_lr: float | None = typer.Option(
+        None, "--head-lr", help="Learning rate of a task head (rerank, classification)."
+    ),
+    group_size: int | None = typer.Option(
+        None, "--group-size", help="Rerank: candidates per query in one listwise group."
+    ),
+    class_weighting: str | None = typer.Option(
+        None, "--class-weighting", help="Classification: balanced or none."
+    ),
+    lora_layers: int | None = typer.Option(
+        None, "--lora-layers", help="Adapt only the top N transformer layers (cheaper steps)."
+    ),
     threads: int = typer.Option(2, "--threads", help="CPU threads for torch."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Register without evaluating."),
     eval_sample: int | None = typer.Option(
@@ -83,7 +102,8 @@ def lora(
     modules = (
         tuple(m.strip() for m in target_modules.split(",") if m.strip()) if target_modules else None
     )
-    hp = preset(preset_name).with_overrides(
+    kind = open_registry().get_task(task).kind
+    hp = preset(preset_name, kind).with_overrides(
         rank=rank,
         alpha=alpha,
         dropout=dropout,
@@ -96,6 +116,10 @@ def lora(
         hard_negatives=hard_negatives,
         max_pairs=max_pairs,
         max_steps=max_steps,
+        head_learning_rate=head_lr,
+        group_size=group_size,
+        class_weighting=class_weighting,
+        lora_layers=lora_layers,
     )
     settings = get_settings()
     request = FinetuneRequest(
@@ -149,6 +173,62 @@ def lora(
     out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)  candidate {outcome.candidate.name}")
     if outcome.mlflow_run_id:
         out.print(f"mlflow run {outcome.mlflow_run_id}")
+    if outcome.eval_run is not None:
+        run = outcome.eval_run
+        low, high = run.ci.get(run.main_metric, (float("nan"), float("nan")))
+        out.print(
+            f"{run.suite_name}/{run.split}: {run.main_metric} {run.main_score:.4f} "
+            f"[95% CI {low:.4f}, {high:.4f}]"
+        )
+
+
+@finetune_app.command("head")
+def head(
+    task: str = typer.Argument(..., help="A classification task."),
+    base: str = typer.Option(..., "--base", help="Registered base model (kept frozen)."),
+    name: str | None = typer.Option(None, "--name", help="Head name (default: dated)."),
+    split: str | None = typer.Option(
+        None, "--split", help="Training split (default: the suite's)."
+    ),
+    c: float = typer.Option(1.0, "--c", help="Inverse regularisation of the logistic regression."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Register without evaluating."),
+    eval_sample: int | None = typer.Option(
+        None, "--eval-sample", help="Evaluate on the first N test items only."
+    ),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Root of the suites' data (env TASKFLEET_DATA_DIR)."
+    ),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+) -> None:
+    """Fit a logistic-regression head on the frozen base's embeddings of the training split,
+    register it as an artifact with lineage, and evaluate it."""
+    from finetune.pipeline import HeadRequest, finetune_head
+
+    settings = get_settings()
+    request = HeadRequest(
+        task=task,
+        base=base,
+        name=name,
+        split=split,
+        c=c,
+        evaluate=not no_eval,
+        data_root=data_dir or settings.data_dir,
+        eval_sample=eval_sample,
+    )
+    with out.status("fitting the head..."):
+        outcome = finetune_head(
+            open_registry(),
+            request,
+            tracking_uri=None if no_mlflow else settings.resolved_mlflow_uri,
+            cache_dir=settings.cache_dir,
+            on_phase=lambda phase, detail: out.print(f"[dim]{phase}:[/dim] {detail}"),
+        )
+    a = outcome.adapter
+    out.print(
+        f"head [bold]{a.name}[/bold] on {a.base_model}: fitted in "
+        f"{outcome.training.wall_seconds:.0f}s; candidate {outcome.candidate.name}"
+    )
+    out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)")
     if outcome.eval_run is not None:
         run = outcome.eval_run
         low, high = run.ci.get(run.main_metric, (float("nan"), float("nan")))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from evals.suites import declare_builtin
 from registry import Registry
 from tests.beir_fixture import build_beir
 
@@ -24,11 +25,12 @@ def home(tmp_path: Path, tiny_model_path: Path) -> Path:
     reg = Registry.open(
         f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts", actor="test"
     )
+    # german-legal-retrieval lives at <data root>/gerlayqa/beir; a tiny stand-in with its splits.
+    build_beir(tmp_path / "data" / "gerlayqa" / "beir", queries={"eval": 8, "dev": 24})
+    reg.add_suite(declare_builtin("german-legal-retrieval", tmp_path / "data")[0])
     reg.add_task(TASK, suite="german-legal-retrieval")
     reg.add_model("tiny", path=tiny_model_path)
     reg.close()
-    # german-legal-retrieval lives at <data root>/gerlayqa/beir; a tiny stand-in with its splits.
-    build_beir(tmp_path / "data" / "gerlayqa" / "beir", queries={"eval": 8, "dev": 24})
     return home
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evals.suites import beir_suite, declare
 from finetune.config import LoraHyperparameters
 from finetune.errors import AdapterConfigError, TrainingDataError, TrainingInterrupted
 from finetune.pipeline import FinetuneRequest, finetune_lora
@@ -22,6 +23,7 @@ from tests.beir_fixture import build_beir
 from tests.tiny_model import build_tiny_model
 
 TASK = "tiny-legal-retrieval"
+SUITE = "tiny-legal"
 HP = LoraHyperparameters(
     rank=4, alpha=8, dropout=0.0, batch_size=8, max_seq_length=32, learning_rate=5e-3, epochs=1
 )
@@ -34,11 +36,12 @@ def suite_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def reg(tmp_path: Path, tiny_model_path: Path) -> Iterator[Registry]:
+def reg(tmp_path: Path, tiny_model_path: Path, suite_dir: Path) -> Iterator[Registry]:
     registry = Registry.open(
         f"sqlite:///{tmp_path / 'registry.db'}", artifact_dir=tmp_path / "artifacts", actor="test"
     )
-    registry.add_task(TASK, suite="german-legal-retrieval")
+    registry.add_suite(declare(SUITE, "retrieval", suite_dir, test_split="eval")[0])
+    registry.add_task(TASK, suite=SUITE)
     registry.add_model("tiny", path=tiny_model_path)
     try:
         yield registry
@@ -52,7 +55,6 @@ def request(suite_dir: Path, **changes: object) -> FinetuneRequest:
         "base": "tiny",
         "hyperparameters": HP,
         "evaluate": False,
-        "suite_location": suite_dir,
     }
     fields.update(changes)
     return FinetuneRequest(**fields)  # type: ignore[arg-type]
@@ -71,7 +73,7 @@ def test_trains_registers_logs_and_evaluates(
     adapter = reg.get_adapter("first")
     assert adapter == outcome.adapter and adapter.parent is None
     record = adapter.training
-    assert record.train_split == "dev" and record.suite == "german-legal-retrieval"
+    assert record.train_split == "dev" and record.suite == SUITE
     assert record.data_fingerprint == outcome.data.fingerprint
     assert record.hyperparameters == HP.as_dict() and record.seed == HP.seed
     assert record.code_version != "unknown"
@@ -115,14 +117,13 @@ def test_artifact_round_trip_and_served_embeddings(
     reg: Registry, suite_dir: Path, tmp_path: Path
 ) -> None:
     """What training wrote is what the store returns, bit for bit, and what serving computes."""
-    from evals.suites import get_suite
     from finetune.data import load_training_pairs
     from finetune.job import train_adapter
     from finetune.modeling import embed_no_grad
     from registry.entities import TrainingRecord
     from registry.provenance import code_version
 
-    data = load_training_pairs(get_suite("german-legal-retrieval", location=suite_dir))
+    data = load_training_pairs(beir_suite(SUITE, suite_dir, test_split="eval", train_split="dev"))
     trained = train_adapter(reg.model_path("tiny"), data, HP, tmp_path / "adapter")
     texts = list(data.queries.values())[:4] + list(data.corpus.values())[:4]
     at_training = embed_no_grad(trained.model, texts)

@@ -37,7 +37,7 @@ FAST = LoraHyperparameters(
 def suite(tmp_path_factory: pytest.TempPathFactory) -> SuiteSpec:
     folder = build_beir(tmp_path_factory.mktemp("beir"), queries={"test": 12, "dev": 40})
     # Declared like german-legal-retrieval: dev trains, test tests.
-    return beir_suite("tiny-legal", folder, test_splits=("test",), train_splits=("dev",))
+    return beir_suite("tiny-legal", folder, test_split="test", train_split="dev")
 
 
 def test_loss_goes_down_and_run_is_deterministic(
