@@ -15,9 +15,9 @@ import asyncio
 import struct
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from enum import StrEnum
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import msgpack
 import numpy as np
@@ -345,8 +345,9 @@ REPLY_TYPES: dict[str, type[Any]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class PayloadRef:
-    """``inputs`` of a payload, or ``embeddings`` of a reply, moved to the ``payloads`` object
-    store because it would not fit NATS's ``max_payload``."""
+    """``inputs`` of a payload, or the float32 data of an ok reply (``embeddings``, ``scores``,
+    ``probabilities``), moved to the ``payloads`` object store because it would not fit NATS's
+    ``max_payload``."""
 
     ref: str
 
@@ -402,11 +403,17 @@ class ReplyOk:
     count: int
     # The float32 bytes, or where they are in the object store (the gateway fetches them).
     embeddings: bytes | PayloadRef
+    DATA: ClassVar[str] = "embeddings"
+
+    @property
+    def data_bytes(self) -> int:
+        return self.count * self.dims * 4
+
+    def with_data(self, data: bytes) -> ReplyOk:
+        return replace(self, embeddings=data)
 
     def matrix(self) -> np.ndarray:
-        if isinstance(self.embeddings, PayloadRef):
-            raise ProtocolError("the embeddings are in the object store; fetch them first")
-        return embeddings_from_bytes(self.embeddings, self.count, self.dims)
+        return embeddings_from_bytes(inline_data(self), self.count, self.dims)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,10 +425,18 @@ class ScoreReplyOk:
     model_key: str
     epoch: int
     count: int
-    scores: bytes
+    scores: bytes | PayloadRef  # as ReplyOk.embeddings
+    DATA: ClassVar[str] = "scores"
+
+    @property
+    def data_bytes(self) -> int:
+        return self.count * 4
+
+    def with_data(self, data: bytes) -> ScoreReplyOk:
+        return replace(self, scores=data)
 
     def array(self) -> np.ndarray:
-        return floats_from_bytes(self.scores, self.count, 1)[:, 0]
+        return floats_from_bytes(inline_data(self), self.count, 1)[:, 0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -434,13 +449,37 @@ class ClassifyReplyOk:
     epoch: int
     count: int
     labels: list[str]
-    probabilities: bytes
+    probabilities: bytes | PayloadRef  # as ReplyOk.embeddings
+    DATA: ClassVar[str] = "probabilities"
+
+    @property
+    def data_bytes(self) -> int:
+        return self.count * len(self.labels) * 4
+
+    def with_data(self, data: bytes) -> ClassifyReplyOk:
+        return replace(self, probabilities=data)
 
     def matrix(self) -> np.ndarray:
-        return floats_from_bytes(self.probabilities, self.count, len(self.labels))
+        return floats_from_bytes(inline_data(self), self.count, len(self.labels))
 
 
 AnyReplyOk = ReplyOk | ScoreReplyOk | ClassifyReplyOk
+
+
+def inline_data(reply: AnyReplyOk) -> bytes:
+    """An ok reply's float32 bytes (embeddings, scores or probabilities), once at hand."""
+    data = getattr(reply, reply.DATA)
+    if isinstance(data, PayloadRef):
+        raise ProtocolError(f"the reply's {reply.DATA} are in the object store; fetch them first")
+    return typing.cast(bytes, data)
+
+
+def offloaded_data(reply: AnyReplyOk | ReplyError) -> PayloadRef | None:
+    """Where an ok reply's float32 data is in the object store, if it was moved there."""
+    if isinstance(reply, ReplyError):
+        return None
+    data = getattr(reply, reply.DATA)
+    return data if isinstance(data, PayloadRef) else None
 
 
 @dataclass(frozen=True, kw_only=True)

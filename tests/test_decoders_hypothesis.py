@@ -34,7 +34,13 @@ from hypothesis import strategies as st
 from serving import protocol as p
 from serving.fleet import decode_heartbeat
 from serving.gateway import GatewaySettings
-from serving.gateway.bodies import Format, parse_openai_request, parse_task_request
+from serving.gateway.bodies import (
+    EmbedRequest,
+    Format,
+    decode_map,
+    parse_embed_body,
+    parse_openai_request,
+)
 from serving.gateway.errors import BadRequest
 from tests.gateway_fixture import Responder, Stack, expected_embedding, nats_and_gateway
 
@@ -99,9 +105,14 @@ def encodable(text: str) -> bool:
     return True
 
 
+def parse_task_request(body: bytes, fmt: Format) -> EmbedRequest:
+    """What the gateway parses for a retrieval task's `POST /v1/tasks/{task}`."""
+    return parse_embed_body(decode_map(body, fmt), max_inputs=2048)
+
+
 def check_task_body(body: bytes, fmt: Format) -> None:
     try:
-        parsed = parse_task_request(body, fmt, max_inputs=2048)
+        parsed = parse_task_request(body, fmt)
     except BadRequest:
         return
     assert parsed.inputs and all(isinstance(t, str) and t for t in parsed.inputs)
@@ -239,7 +250,7 @@ def test_live_gateway_never_answers_500(
     if response.status_code == 400:
         assert response.json()["error"]["code"] == "BAD_REQUEST"
         return
-    parsed = parse_task_request(body, Format(media), max_inputs=2048)
+    parsed = parse_task_request(body, Format(media))
     answer = json.loads(response.content) if fmt == "json" else msgpack.unpackb(response.content)
     assert answer["count"] == len(parsed.inputs)
     if fmt == "json":

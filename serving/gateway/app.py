@@ -1,14 +1,15 @@
 """The public HTTP edge: ``create_gateway(nats_url)`` returns the ASGI app.
 
-Every embedding request goes the same way, and stops at the first check that fails:
-authenticate (401; 503 until the control plane's directory is seen) -> the key's quota (429) ->
-read the body within the size limit (413) -> parse the envelope (400/415) -> the key's roles and
-tasks (403) -> the task exists (404) and is placed (503) -> a live worker runs it (503) -> queue
-it and wait for the reply (504 at the deadline). Nothing is published before every check passed,
-so a rejected request never reaches the queue.
+Every request goes the same way, and stops at the first check that fails: authenticate (401;
+503 until the control plane's directory is seen) -> the key's quota (429) -> read the body
+within the size limit (413) -> decode it (400/415) -> the key's roles and tasks (403) -> the
+task exists (404) -> the body fits the task's kind (400: embeddings for a retrieval task,
+query + documents for a rerank task, inputs for a classification task) -> the task is placed
+(503) -> a live worker runs it (503) -> queue it and wait for the reply (504 at the deadline).
+Nothing is published before every check passed, so a rejected request never reaches the queue.
 
-The gateway needs NATS only: keys and tasks come from KV ``directory``, placements from KV
-``placements`` (both published by the leading control plane, followed in
+The gateway needs NATS only: keys and tasks (with their kind) come from KV ``directory``,
+placements from KV ``placements`` (both published by the leading control plane, followed in
 ``serving/gateway/view.py``), live workers from KV ``workers``. No database on the hot path.
 """
 
@@ -21,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -32,8 +34,8 @@ from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
 from serving.connection import NatsTarget
 from serving.directory import KeyRecord
-from serving.gateway import bodies
-from serving.gateway.dispatch import Dispatcher, DispatchSettings
+from serving.gateway import bodies, bodies_classify, bodies_rerank
+from serving.gateway.dispatch import Dispatcher, DispatchSettings, TaskRequest
 from serving.gateway.errors import (
     BadRequest,
     Forbidden,
@@ -46,12 +48,21 @@ from serving.gateway.errors import (
 )
 from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL, GatewayMetrics
 from serving.gateway.quotas import Quotas
-from serving.protocol import ReplyOk
+from serving.protocol import AnyReplyOk, ClassifyReplyOk, PlacementValue, ScoreReplyOk
 
 log = logging.getLogger(__name__)
 
 # Roles whose keys may call tasks: `caller` keys exist for applications; `admin` can do anything.
 CALL_ROLES = frozenset({"caller", "admin"})
+# The stock-client endpoint of each task kind.
+KIND_ENDPOINT = {
+    "retrieval": "/v1/embeddings",
+    "rerank": "/v1/rerank",
+    "classification": "/v1/classify",
+}
+# The kind of a placed task the directory does not list: control planes from before task
+# kinds published only retrieval tasks.
+LEGACY_KIND = "retrieval"
 HEADER_TIMEOUT = "X-Taskfleet-Timeout-Ms"
 HEADER_PRIORITY = "X-Taskfleet-Priority"
 
@@ -103,7 +114,8 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
     app = FastAPI(
         title="taskfleet gateway",
         version="1",
-        description="Embeddings by task name: POST /v1/tasks/{task} and OpenAI's /v1/embeddings.",
+        description="Tasks by name: POST /v1/tasks/{task}, OpenAI's /v1/embeddings, "
+        "Cohere-style /v1/rerank and a /v1/classify in the TEI/infinity shape.",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
         docs_url=None,
@@ -162,17 +174,29 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
                 )
         return key
 
-    async def check_servable(task: str, key: KeyRecord | None, outcome: _Outcome) -> None:
+    def find_task(
+        task: str, key: KeyRecord | None, outcome: _Outcome
+    ) -> tuple[str, PlacementValue | None]:
+        """The task's kind and placement, from the published view (never the registry); 403
+        outside the key's tasks, 404 when unknown, 503 until the directory is seen."""
         if key is not None and key.tasks and task not in key.tasks:
             raise Forbidden(f"this API key may not call task {task!r}")
         placement = view.placements.get(task)
-        if placement is None and task not in view.tasks:
-            # A task is known from the directory; a placement alone (published before the
-            # directory, or by an older control plane) serves too.
+        kind = view.tasks.get(task)
+        if kind is None:
+            # A task is known from the directory, which also says its kind. A placement
+            # alone serves only once the directory is read: an older control plane published
+            # placements of retrieval tasks only; a newer one publishes the directory right
+            # after its placements.
             if not (view.directory_published and view.synced):
                 raise not_ready("tasks and placements")
-            raise UnknownTask(f"unknown task {task!r}")
+            if placement is None:
+                raise UnknownTask(f"unknown task {task!r}")
+            kind = LEGACY_KIND
         outcome.task = task
+        return kind, placement
+
+    async def check_servable(task: str, placement: PlacementValue | None) -> None:
         try:
             nats_layout.check_task_name(task)
         except nats_layout.InvalidTaskName as exc:
@@ -190,10 +214,21 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
                 retry_after_s=settings.retry_after_s,
             )
 
-    async def embed(request: Request, task: str, parsed: bodies.EmbedRequest) -> ReplyOk:
+    async def run(request: Request, task: str, parsed: TaskRequest) -> AnyReplyOk:
         return await dispatcher.submit(
             task, parsed, timeout_s=request_timeout(request), priority=request_priority(request)
         )
+
+    async def stock_call(task: str, want: str, outcome: _Outcome, key: KeyRecord | None) -> None:
+        """The checks of a stock-client endpoint once its body is parsed: the task exists, is
+        of the endpoint's kind, and can be served."""
+        kind, placement = find_task(task, key, outcome)
+        if kind != want:
+            raise BadRequest(
+                f"task {task!r} is a {kind} task; call POST {KIND_ENDPOINT.get(kind, '?')} "
+                "(or POST /v1/tasks/{task})"
+            )
+        await check_servable(task, placement)
 
     def request_timeout(request: Request) -> float:
         raw = request.headers.get(HEADER_TIMEOUT)
@@ -235,29 +270,80 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
             key = await authenticate(request)
             body = await read_body(request, settings.max_body_bytes)
             fmt = bodies.body_format(request.headers.get("content-type"))
-            parsed = bodies.parse_task_request(body, fmt, settings.max_inputs)
-            await check_servable(task, key, outcome)
-            reply = await embed(request, task, parsed)
+            obj = bodies.decode_map(body, fmt)
+            kind, placement = find_task(task, key, outcome)
+            limit = settings.max_inputs
+            parsed: TaskRequest
+            if kind == "rerank":
+                parsed = bodies_rerank.parse_rerank_body(obj, limit)
+            elif kind == "classification":
+                parsed = bodies_classify.parse_classify_body(obj, limit)
+            else:
+                parsed = bodies.parse_embed_body(obj, limit)
+            await check_servable(task, placement)
+            reply = await run(request, task, parsed)
             out = bodies.response_format(fmt, request.headers.get("accept"))
-            return Response(
-                bodies.task_response(reply, out), media_type=out.value, headers=served_by(reply)
-            )
+            if isinstance(reply, ScoreReplyOk):
+                content = bodies_rerank.rerank_response(reply, out)
+            elif isinstance(reply, ClassifyReplyOk):
+                content = bodies_classify.classify_response(reply, out)
+            else:
+                content = bodies.embed_response(reply, out)
+            return Response(content, media_type=out.value, headers=served_by(reply))
 
         return await measured(outcome, handle)
 
-    @app.post("/v1/embeddings", openapi_extra=bodies.openai_request_doc(settings.max_inputs))
-    async def openai_embeddings(request: Request) -> Response:
+    async def stock_endpoint(
+        request: Request,
+        kind: str,
+        parse: Callable[[bytes, int], Any],
+        answer: Callable[[Any, Any], dict[str, Any]],
+    ) -> Response:
+        """A stock-client endpoint: its body names the task (``model``), which must be of
+        ``kind``; ``answer(reply, parsed)`` is the client's response shape."""
         outcome = _Outcome()
 
         async def handle() -> Response:
             key = await authenticate(request)
             body = await read_body(request, settings.max_body_bytes)
-            parsed = bodies.parse_openai_request(body, settings.max_inputs)
-            await check_servable(parsed.task, key, outcome)
-            reply = await embed(request, parsed.task, parsed.request)
-            return JSONResponse(bodies.openai_response(reply, parsed), headers=served_by(reply))
+            parsed = parse(body, settings.max_inputs)
+            await stock_call(parsed.task, kind, outcome, key)
+            reply = await run(request, parsed.task, parsed.request)
+            return JSONResponse(answer(reply, parsed), headers=served_by(reply))
 
         return await measured(outcome, handle)
+
+    @app.post("/v1/embeddings", openapi_extra=bodies.openai_request_doc(settings.max_inputs))
+    async def openai_embeddings(request: Request) -> Response:
+        """OpenAI's embeddings: ``model`` names a retrieval task."""
+        return await stock_endpoint(
+            request, "retrieval", bodies.parse_openai_request, bodies.openai_response
+        )
+
+    @app.post("/v1/rerank", openapi_extra=bodies_rerank.cohere_request_doc(settings.max_inputs))
+    @app.post("/v2/rerank", openapi_extra=bodies_rerank.cohere_request_doc(settings.max_inputs))
+    async def rerank(request: Request) -> Response:
+        """Cohere/Jina-style rerank (Cohere's v1 and v2 paths): ``model`` names a rerank task."""
+        return await stock_endpoint(
+            request,
+            "rerank",
+            bodies_rerank.parse_cohere_rerank,
+            lambda reply, parsed: bodies_rerank.cohere_response(reply, parsed, reply.request_id),
+        )
+
+    @app.post(
+        "/v1/classify", openapi_extra=bodies_classify.classify_request_doc(settings.max_inputs)
+    )
+    async def classify(request: Request) -> Response:
+        """Label probabilities as ``[{label, score}]`` per input (TEI/infinity shape)."""
+        return await stock_endpoint(
+            request,
+            "classification",
+            bodies_classify.parse_classify_api,
+            lambda reply, parsed: bodies_classify.classify_api_response(
+                reply, parsed, reply.request_id
+            ),
+        )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -290,7 +376,7 @@ def request_priority(request: Request) -> int:
         raise BadRequest(f"{HEADER_PRIORITY} must be an integer; got {raw!r}") from None
 
 
-def served_by(reply: ReplyOk) -> dict[str, str]:
+def served_by(reply: AnyReplyOk) -> dict[str, str]:
     return {
         "X-Taskfleet-Epoch": str(reply.epoch),
         "X-Taskfleet-Model": reply.model_key,

@@ -1,8 +1,10 @@
-"""Public request bodies in, public response bodies out (docs/protocol.md "Public API").
+"""Public request bodies in, public response bodies out (docs/protocol.md "Public API"):
+the shared parts (formats, decoding, input checks) and the embedding bodies. Rerank and
+classification bodies live in ``bodies_rerank`` and ``bodies_classify``.
 
-The gateway reads only the envelope of a request: the list of input strings and their kind.
-It checks their *shape* (types, emptiness, count) so that nothing malformed reaches the queue,
-but never looks inside a text.
+The gateway reads only the envelope of a request: the input strings and their kind. It checks
+their *shape* (types, emptiness, count) so that nothing malformed reaches the queue, but never
+looks inside a text.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import msgpack
 import numpy as np
 
 from serving.gateway.errors import BadRequest, UnsupportedMediaType
-from serving.protocol import ReplyOk, TextKind
+from serving.protocol import PayloadRef, QueuePayload, ReplyOk, TextKind, inline_data
 
 TEXT_KINDS: tuple[TextKind, ...] = typing.get_args(TextKind)
 DEFAULT_KIND: TextKind = "query"
@@ -32,7 +34,7 @@ class Format(Enum):
 _MSGPACK_TYPES = {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
 
 
-def _texts_schema(max_inputs: int) -> dict[str, Any]:
+def texts_schema(max_inputs: int) -> dict[str, Any]:
     text = {"type": "string", "minLength": 1}
     return {
         "oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": max_inputs}]
@@ -40,17 +42,35 @@ def _texts_schema(max_inputs: int) -> dict[str, Any]:
 
 
 def task_request_doc(max_inputs: int) -> dict[str, Any]:
-    """OpenAPI of `POST /v1/tasks/{task}` (the parser below is the rule; this documents it)."""
-    schema = {
+    """OpenAPI of `POST /v1/tasks/{task}` (the parsers are the rule; this documents them): the
+    body of the task's kind. anyOf, not oneOf: a classification body is also an embedding one."""
+    texts = texts_schema(max_inputs)
+    embed = {
+        "title": "retrieval task",
         "type": "object",
         "required": ["inputs"],
         "additionalProperties": False,
         "properties": {
-            "inputs": _texts_schema(max_inputs),
+            "inputs": texts,
             "kind": {"type": "string", "enum": list(TEXT_KINDS), "default": DEFAULT_KIND},
         },
     }
-    return _request_doc(schema, "msgpack (default) or JSON, the same map")
+    rerank = {
+        "title": "rerank task",
+        "type": "object",
+        "required": ["query", "documents"],
+        "additionalProperties": False,
+        "properties": {"query": {"type": "string", "minLength": 1}, "documents": texts},
+    }
+    classify = {
+        "title": "classification task",
+        "type": "object",
+        "required": ["inputs"],
+        "additionalProperties": False,
+        "properties": {"inputs": texts},
+    }
+    schema = {"anyOf": [embed, rerank, classify]}
+    return request_doc(schema, "msgpack (default) or JSON, the same map; the task's kind decides")
 
 
 def openai_request_doc(max_inputs: int) -> dict[str, Any]:
@@ -60,22 +80,24 @@ def openai_request_doc(max_inputs: int) -> dict[str, Any]:
         "required": ["model", "input"],
         "properties": {
             "model": {"type": "string", "minLength": 1},
-            "input": _texts_schema(max_inputs),
+            "input": texts_schema(max_inputs),
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "kind": {"type": "string", "enum": list(TEXT_KINDS)},
         },
     }
-    return _request_doc(schema, "JSON")
+    return request_doc(schema, "JSON")
 
 
 TASK_RESPONSE_DOC: dict[str, Any] = {
-    "description": "Embeddings, in the request's format unless Accept names the other one: "
-    "msgpack `embeddings` is raw little-endian float32 bytes (count x dims), JSON a list of lists.",
+    "description": "In the request's format unless Accept names the other one: `embeddings` "
+    "(count x dims), rerank `scores` (one per document) or classification `probabilities` "
+    "(count x labels, with `labels`); msgpack carries them as raw little-endian float32 bytes, "
+    "JSON as lists.",
     "content": {"application/msgpack": {}, "application/json": {}},
 }
 
 
-def _request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
+def request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
@@ -89,6 +111,16 @@ def _request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
 class EmbedRequest:
     inputs: list[str]
     kind: TextKind
+
+    reply_type = ReplyOk
+
+    @property
+    def texts(self) -> list[str]:
+        """The part of the request that may move to the object store when large."""
+        return self.inputs
+
+    def payload(self, task: str, texts: list[str] | PayloadRef) -> QueuePayload:
+        return QueuePayload(task=task, kind=self.kind, inputs=texts)
 
 
 def body_format(content_type: str | None) -> Format:
@@ -166,7 +198,7 @@ def check_inputs(value: Any, field: str, max_inputs: int) -> list[str]:
         raise BadRequest(f"'{field}' holds {len(texts)} texts; at most {max_inputs} per request")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise BadRequest(f"'{field}[{i}]' must be a string, got {_type_name(text)}")
+            raise BadRequest(f"'{field}[{i}]' must be a string, got {type_name(text)}")
         if not text:
             raise BadRequest(f"'{field}[{i}]' is an empty string")
     return typing.cast(list[str], texts)
@@ -180,16 +212,26 @@ def check_kind(value: Any) -> TextKind:
     return typing.cast(TextKind, value)
 
 
-def parse_task_request(body: bytes, fmt: Format, max_inputs: int) -> EmbedRequest:
-    """``{"inputs": [str] | str, "kind": "query" | "passage"}`` (kind optional)."""
+def decode_map(body: bytes, fmt: Format) -> dict[str, Any]:
     obj = decode_body(body, fmt)
     if not isinstance(obj, dict):
-        raise BadRequest(f"the body must be a map, got {_type_name(obj)}")
-    unknown = sorted(str(k) for k in set(obj) - {"inputs", "kind"})
+        raise BadRequest(f"the body must be a map, got {type_name(obj)}")
+    return obj
+
+
+def check_fields(obj: dict[str, Any], allowed: set[str], required: tuple[str, ...]) -> None:
+    unknown = sorted(str(k) for k in set(obj) - allowed)
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; expected 'inputs' and 'kind'")
-    if "inputs" not in obj:
-        raise BadRequest("missing field 'inputs'")
+        expected = ", ".join(f"'{a}'" for a in sorted(allowed))
+        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; expected {expected}")
+    for name in required:
+        if name not in obj:
+            raise BadRequest(f"missing field '{name}'")
+
+
+def parse_embed_body(obj: dict[str, Any], max_inputs: int) -> EmbedRequest:
+    """``{"inputs": [str] | str, "kind": "query" | "passage"}`` (kind optional)."""
+    check_fields(obj, {"inputs", "kind"}, ("inputs",))
     return EmbedRequest(
         check_inputs(obj["inputs"], "inputs", max_inputs), check_kind(obj.get("kind"))
     )
@@ -206,7 +248,7 @@ def parse_openai_request(body: bytes, max_inputs: int) -> OpenAIRequest:
     """OpenAI's embeddings request; ``model`` names the task, ``kind`` is our one extension."""
     obj = decode_body(body, Format.JSON)
     if not isinstance(obj, dict):
-        raise BadRequest(f"the body must be a JSON object, got {_type_name(obj)}")
+        raise BadRequest(f"the body must be a JSON object, got {type_name(obj)}")
     model = obj.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must name the task, e.g. \"german-legal-retrieval\"")
@@ -224,11 +266,11 @@ def parse_openai_request(body: bytes, max_inputs: int) -> OpenAIRequest:
     return OpenAIRequest(task=model, request=request, encoding_format=encoding)
 
 
-def task_response(reply: ReplyOk, fmt: Format) -> bytes:
+def embed_response(reply: ReplyOk, fmt: Format) -> bytes:
     """msgpack carries the embeddings as the reply's raw float32 bytes; JSON as float lists."""
     head = {"dims": reply.dims, "count": reply.count, "model_key": reply.model_key}
     if fmt is Format.MSGPACK:
-        body = {"embeddings": reply.embeddings, **head, "epoch": reply.epoch}
+        body = {"embeddings": inline_data(reply), **head, "epoch": reply.epoch}
         return typing.cast(bytes, msgpack.packb(body, use_bin_type=True))
     matrix = reply.matrix()
     return json.dumps({"embeddings": matrix.tolist(), **head, "epoch": reply.epoch}).encode()
@@ -238,6 +280,12 @@ def estimate_tokens(texts: list[str]) -> int:
     """The sidecar's batching estimate (a quarter of the characters); the gateway never
     tokenises, so OpenAI's ``usage`` reports this estimate."""
     return sum(max(1, len(t) // 4) for t in texts)
+
+
+def encode_response(body: dict[str, Any], fmt: Format) -> bytes:
+    if fmt is Format.MSGPACK:
+        return typing.cast(bytes, msgpack.packb(body, use_bin_type=True))
+    return json.dumps(body).encode()
 
 
 def openai_response(reply: ReplyOk, parsed: OpenAIRequest) -> dict[str, Any]:
@@ -259,5 +307,5 @@ def openai_response(reply: ReplyOk, parsed: OpenAIRequest) -> dict[str, Any]:
     }
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__

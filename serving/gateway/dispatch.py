@@ -6,8 +6,9 @@ answered, or abandoned at its deadline) is dropped and counted: JetStream may de
 twice (ack lost, worker died after replying), and the second answer must not reach anyone.
 
 Every reply received is confirmed to its worker (an empty response): the worker acks the queue
-message only then. A reply above NATS's ``max_payload`` carries its embeddings as an
-object-store reference; the gateway reads the object and deletes it. When the deadline passes
+message only then. A reply above NATS's ``max_payload`` carries its float32 data (embeddings,
+scores or probabilities) as an object-store reference; the gateway reads the object and
+deletes it. When the deadline passes
 without a reply, the 504 says ``retryable`` if a worker that served the task died or restarted
 meanwhile (its heartbeat is gone, or carries a new start time): whatever it held was lost with
 it, not refused.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import uuid
@@ -34,6 +34,8 @@ from nats.js.errors import NoStreamResponseError, NotFoundError
 from serving import nats_layout
 from serving.connection import NatsTarget, nats_options
 from serving.gateway.bodies import EmbedRequest
+from serving.gateway.bodies_classify import ClassifyRequest
+from serving.gateway.bodies_rerank import RerankRequest
 from serving.gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -43,19 +45,22 @@ from serving.gateway.errors import (
 from serving.gateway.metrics import ConsumerStats, GatewayMetrics, QueueSnapshot
 from serving.gateway.view import FleetView
 from serving.protocol import (
+    AnyReplyOk,
     PayloadRef,
     ProtocolError,
-    QueuePayload,
     ReplyError,
-    ReplyOk,
     WorkerHeartbeat,
+    decode_reply_message,
     from_wire,
+    offloaded_data,
     pack,
     unpack,
 )
 
 # Who served a task when a request was queued: worker id -> its process start time.
 Incarnations = dict[str, int | None]
+# What a request of each task kind asks for; each knows its queue payload and reply type.
+TaskRequest = EmbedRequest | RerankRequest | ClassifyRequest
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +100,7 @@ class Dispatcher:
         self._layout: nats_layout.Layout | None = None
         self._ready = asyncio.Event()
         self._connecting: asyncio.Task[None] | None = None
-        self._pending: dict[str, asyncio.Future[ReplyOk | ReplyError]] = {}
+        self._pending: dict[str, asyncio.Future[AnyReplyOk | ReplyError]] = {}
         self._consumers: set[str] = set()
         self._heartbeats: list[WorkerHeartbeat] = []
         self._heartbeats_at = -1e9
@@ -265,9 +270,12 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
 
     async def submit(
-        self, task: str, request: EmbedRequest, *, timeout_s: float, priority: int
-    ) -> ReplyOk:
-        """Queue one request and wait for its reply until the deadline; raises GatewayError."""
+        self, task: str, request: TaskRequest, *, timeout_s: float, priority: int
+    ) -> AnyReplyOk:
+        """Queue one request and wait for its reply until the deadline; raises GatewayError.
+
+        The request's texts (inputs, or a rerank request's documents) move to the object store
+        when their msgpack array is above the inline limit."""
         js, layout = self._require_connection()
         request_id = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
@@ -278,15 +286,15 @@ class Dispatcher:
             HEADER_DEADLINE: str(now_ms() + int(timeout_s * 1000)),
             HEADER_PRIORITY: str(priority),
         }
-        future: asyncio.Future[ReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[AnyReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
         serving = await self._incarnations(task)
         # Registered before publishing: a fast worker may answer before publish() returns.
         self._pending[request_id] = future
         offloaded = False
         self.metrics.in_flight.inc()
         try:
-            inputs: list[str] | PayloadRef = request.inputs
-            packed_inputs = pack(request.inputs)
+            inputs: list[str] | PayloadRef = request.texts
+            packed_inputs = pack(request.texts)
             try:
                 if len(packed_inputs) > self.settings.inline_limit_bytes:
                     # Set first: a put that fails halfway still leaves chunks to delete.
@@ -297,7 +305,7 @@ class Dispatcher:
                 await self._ensure_consumer(js, task)
             except (nats.errors.Error, TimeoutError) as exc:
                 raise self._queue_unavailable(f"NATS did not take the request: {exc}") from exc
-            payload = pack(QueuePayload(task=task, kind=request.kind, inputs=inputs))
+            payload = pack(request.payload(task, inputs))
             await self._publish(js, nats_layout.task_subject(task), payload, headers, deadline)
             try:
                 reply = await asyncio.wait_for(
@@ -305,8 +313,9 @@ class Dispatcher:
                 )
             except TimeoutError as exc:
                 raise await self._deadline_error(task, timeout_s, serving) from exc
-            if isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef):
-                reply = await self._fetch_embeddings(layout, reply)
+            if (ref := offloaded_data(reply)) is not None:
+                assert not isinstance(reply, ReplyError)
+                reply = await self._fetch_data(layout, reply, ref)
         finally:
             self.metrics.in_flight.dec()
             self._pending.pop(request_id, None)
@@ -314,6 +323,14 @@ class Dispatcher:
                 await self._delete_payload(layout, request_id)
         if isinstance(reply, ReplyError):
             raise from_worker_error(reply.error, retry_after_s=self.settings.retry_after_s)
+        if not isinstance(reply, request.reply_type):
+            self.metrics.bad_replies.inc()
+            raise GatewayError(
+                f"the worker answered with a {type(reply).__name__} to a "
+                f"{type(request).__name__}; is the task placed on a model of another kind?",
+                code="BAD_REPLY",
+                status=502,
+            )
         return reply
 
     async def _deadline_error(
@@ -330,28 +347,29 @@ class Dispatcher:
             retry_after_s=self.settings.retry_after_s,
         )
 
-    async def _fetch_embeddings(self, layout: nats_layout.Layout, reply: ReplyOk) -> ReplyOk:
-        """The embeddings a worker put into the object store (replies above max_payload)."""
-        assert isinstance(reply.embeddings, PayloadRef)
-        key = reply.embeddings.ref
+    async def _fetch_data(
+        self, layout: nats_layout.Layout, reply: AnyReplyOk, ref: PayloadRef
+    ) -> AnyReplyOk:
+        """The float32 data a worker put into the object store (replies above max_payload)."""
+        key = ref.ref
         try:
             data = (await layout.payloads.get(key)).data or b""
         except (nats.errors.Error, TimeoutError) as exc:
             raise self._queue_unavailable(
-                f"the reply's embeddings could not be read from the object store: {exc}"
+                f"the reply's {reply.DATA} could not be read from the object store: {exc}"
             ) from exc
         finally:
             await self._delete_payload(layout, key)
-        if len(data) != reply.count * reply.dims * 4:
+        if len(data) != reply.data_bytes:
             self.metrics.bad_replies.inc()
             raise GatewayError(
-                f"the worker's embeddings object holds {len(data)} bytes, not "
-                f"{reply.count} x {reply.dims} float32",
+                f"the worker's {reply.DATA} object holds {len(data)} bytes, not the "
+                f"{reply.data_bytes} its reply announces",
                 code="BAD_REPLY",
                 status=502,
             )
         self.metrics.offloaded_replies.inc()
-        return dataclasses.replace(reply, embeddings=data)
+        return reply.with_data(data)
 
     async def _ensure_consumer(self, js: JetStreamContext, task: str) -> None:
         # Workers create the consumer too; creating it here means a request queued before any
@@ -411,12 +429,7 @@ class Dispatcher:
             with contextlib.suppress(nats.errors.Error):
                 await msg.respond(b"")
         try:
-            obj = msgpack.unpackb(msg.data, raw=False)
-            if not isinstance(obj, dict):
-                raise ProtocolError("a reply must be a msgpack map")
-            reply: ReplyOk | ReplyError = (
-                from_wire(ReplyOk, obj) if obj.get("ok") is True else from_wire(ReplyError, obj)
-            )
+            reply = decode_reply_message(msgpack.unpackb(msg.data, raw=False))
         except (ProtocolError, ValueError, msgpack.UnpackException) as exc:
             self.metrics.bad_replies.inc()
             log.warning("dropping malformed reply on %s: %s", msg.subject, exc)
@@ -427,10 +440,9 @@ class Dispatcher:
             log.info(
                 "dropping reply to %s: not waiting for it (duplicate or late)", reply.request_id
             )
-            offloaded = isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef)
-            if offloaded and self._layout is not None:  # nobody will read that object
-                assert isinstance(reply, ReplyOk) and isinstance(reply.embeddings, PayloadRef)
-                cleanup = self._delete_payload(self._layout, reply.embeddings.ref)
+            ref = offloaded_data(reply)
+            if ref is not None and self._layout is not None:  # nobody will read that object
+                cleanup = self._delete_payload(self._layout, ref.ref)
                 task = asyncio.create_task(cleanup)
                 self._cleanups.add(task)
                 task.add_done_callback(self._cleanups.discard)

@@ -44,7 +44,8 @@ T = TypeVar("T")
 
 
 class BatchExpired(RuntimeError):
-    """A batch (infer, score or classify) whose deadline passed while it waited in the queue: it is not run."""
+    """A batch (infer, score or classify) whose deadline passed while it waited in the queue:
+    it is not run."""
 
 
 class RuntimeServer:
