@@ -91,11 +91,12 @@ class ModelClassifier:
     def classifier(self) -> Any:
         from serving.runtime.classifier import Classifier
         from serving.runtime.encoder import Encoder
-        from serving.runtime.heads import load_head
+        from serving.runtime.heads import load_head, with_head_limit
 
         if self._classifier is None:
             assert self.spec.adapter_path is not None
-            encoder = Encoder(self.spec, max_batch_tokens=self.max_batch_tokens)
+            spec = with_head_limit(self.spec)  # the length the head was trained with
+            encoder = Encoder(spec, max_batch_tokens=self.max_batch_tokens)
             self._classifier = Classifier(encoder, load_head(self.spec.adapter_path))
         return self._classifier
 

@@ -100,7 +100,7 @@ def leaderboard_markdown(
     for _, run in ordered:
         metrics += [m for m in run.metrics if m not in metrics]
     header = ["rank", "candidate", *metrics, "items/s", "tokens/s", "p50 ms", "p95 ms"]
-    header += ["queries", "wall s"]
+    header += ["items", "wall s"]
     lines = [f"# Leaderboard: {task}", ""]
     if title_note:
         lines += [title_note, ""]
@@ -120,9 +120,10 @@ def leaderboard_markdown(
     main = ordered[0][1].main_metric if ordered else "-"
     lines += [
         "",
-        f"Main metric: `{main}`. Brackets: 95% percentile bootstrap CI over queries "
-        "(1000 resamples, seed 0). Cost: encoded items/s and tokens/s, per-batch latency "
-        "(for a fully cached run, the cost measured when its vectors were encoded).",
+        f"Main metric: `{main}`. Brackets: 95% percentile bootstrap CI over queries or items "
+        "(1000 resamples, seed 0; macro-F1 recomputed per resample). Cost: encoded items/s and "
+        "tokens/s, per-batch latency (for a fully cached run, the cost measured when its "
+        "vectors were encoded).",
         f"Generated {datetime.now().astimezone():%Y-%m-%d %H:%M %Z} on {machine_description()}.",
         *extra_lines,
     ]
@@ -187,3 +188,35 @@ def write_leaderboard(
     md = out_dir / "leaderboard.md"
     md.write_text(text + "\n![leaderboard](leaderboard.png)\n", encoding="utf-8")
     return md, png
+
+
+def confusion_chart(
+    title: str, labels: Sequence[str], matrix: Sequence[Sequence[int]], path: Path
+) -> Path:
+    """A confusion matrix as a picture: rows gold, columns predicted, each row normalised to
+    the share of its gold label (the counts are printed in the cells)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = np.asarray(matrix, dtype=np.float64)
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    size = 1.1 * len(labels) + 2.5
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            colour = "white" if shares[i, j] > 0.6 else "black"
+            ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", color=colour)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the gold label")
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

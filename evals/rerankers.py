@@ -111,12 +111,13 @@ class CrossEncoderReranker:
 
     def scorer(self) -> Any:
         from serving.runtime.encoder import Encoder
-        from serving.runtime.heads import load_head
+        from serving.runtime.heads import load_head, with_head_limit
         from serving.runtime.scorer import Scorer
 
         if self._scorer is None:
             assert self.spec.adapter_path is not None
-            encoder = Encoder(self.spec, max_batch_tokens=self.max_batch_tokens)
+            spec = with_head_limit(self.spec)  # the length the head was trained with
+            encoder = Encoder(spec, max_batch_tokens=self.max_batch_tokens)
             self._scorer = Scorer(encoder, load_head(self.spec.adapter_path))
         return self._scorer
 

@@ -126,14 +126,16 @@ def train_head_adapter(
     dims = embedding_dimension(model) or 0
     if kind == "score":
         assert isinstance(data, RerankGroups)
-        spec = HeadSpec(kind="score", dims=dims)
+        spec = HeadSpec(kind="score", dims=dims, max_seq_length=hp.max_seq_length)
         head = _initial_head(spec, parent_adapter, hp.seed)
         result = train_cross_encoder(
             model, head, data, hp, parent_adapter=parent_adapter, on_step=on_step
         )
     else:
         assert isinstance(data, LabelledTexts)
-        spec = HeadSpec(kind="classify", dims=dims, labels=data.label_names)
+        spec = HeadSpec(
+            kind="classify", dims=dims, labels=data.label_names, max_seq_length=hp.max_seq_length
+        )
         head = _initial_head(spec, parent_adapter, hp.seed)
         result = train_classifier(
             model,

@@ -1,6 +1,8 @@
-"""Python client of the gateway: ``Client(base_url).embed(task, texts)`` -> numpy array.
+"""Python client of the gateway, one call per task kind, by task name:
+``embed(task, texts)`` -> vectors, ``rerank(task, query, documents)`` -> one score per document,
+``classify(task, texts)`` -> label probabilities.
 
-The sync and the async client share one implementation: :func:`_embed_steps` builds the
+The sync and the async client share one implementation: :func:`_task_steps` builds the
 request, decides about retries and parses the answer, and only *asks* its driver to send a
 request or to wait. The two drivers (``Client`` over ``httpx.Client``, ``AsyncClient`` over
 ``httpx.AsyncClient``) do nothing else, so they cannot drift apart.
@@ -17,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import msgpack
 import numpy as np
 
-from serving.protocol import embeddings_from_bytes
+from serving.protocol import embeddings_from_bytes, floats_from_bytes
+
+R = TypeVar("R")
 
 TextKind = Literal["query", "passage"]
 MSGPACK = "application/msgpack"
@@ -108,6 +112,30 @@ class Embeddings:
 
 
 @dataclass(frozen=True)
+class Scores:
+    """One relevance score per document (input order), plus which placement served them."""
+
+    scores: np.ndarray
+    model_key: str
+    epoch: int
+    request_id: str | None
+
+
+@dataclass(frozen=True)
+class Classification:
+    """``count x len(labels)`` label probabilities, plus which placement served them."""
+
+    labels: list[str]
+    probabilities: np.ndarray
+    model_key: str
+    epoch: int
+    request_id: str | None
+
+    def predictions(self) -> list[str]:
+        return [self.labels[i] for i in np.argmax(self.probabilities, axis=1)]
+
+
+@dataclass(frozen=True)
 class _Wait:
     seconds: float
 
@@ -115,28 +143,32 @@ class _Wait:
 _Step = httpx.Request | _Wait
 
 
-def _embed_steps(
+def _task_steps(
     base_url: str,
     headers: dict[str, str],
     task: str,
-    texts: list[str] | str,
-    kind: TextKind,
+    payload: dict[str, Any],
     timeout_ms: int | None,
     max_retries: int,
-) -> Generator[_Step, httpx.Response | None, Embeddings]:
+    parse: Callable[[httpx.Response, dict[str, Any]], R],
+) -> Generator[_Step, httpx.Response | None, R]:
     """The whole protocol of one call; yields requests to send and waits to make."""
-    inputs = [texts] if isinstance(texts, str) else list(texts)
     request_headers = {**headers, "Content-Type": MSGPACK, "Accept": MSGPACK}
     if timeout_ms is not None:
         request_headers["X-Taskfleet-Timeout-Ms"] = str(timeout_ms)
-    body = msgpack.packb({"inputs": inputs, "kind": kind}, use_bin_type=True)
+    body = msgpack.packb(payload, use_bin_type=True)
     url = f"{base_url.rstrip('/')}/v1/tasks/{task}"
     attempt = 0
     while True:
         response = yield httpx.Request("POST", url, content=body, headers=request_headers)
         assert response is not None
         if response.status_code == 200:
-            return _parse_embeddings(response)
+            try:
+                return parse(response, msgpack.unpackb(response.content, raw=False))
+            except Exception as exc:  # any malformation of the answer is one kind of failure
+                raise ServerError(
+                    response.status_code, "BAD_RESPONSE", f"malformed gateway answer: {exc}"
+                ) from exc
         error = _error_of(response)
         retry = response.status_code in RETRY_STATUSES and error.retryable
         if not retry or attempt >= max_retries:
@@ -145,20 +177,37 @@ def _embed_steps(
         yield _Wait(error.retry_after_s or DEFAULT_RETRY_AFTER_S)
 
 
-def _parse_embeddings(response: httpx.Response) -> Embeddings:
-    try:
-        body = msgpack.unpackb(response.content, raw=False)
-        vectors = embeddings_from_bytes(body["embeddings"], body["count"], body["dims"])
-        return Embeddings(
-            vectors=vectors,
-            model_key=str(body["model_key"]),
-            epoch=int(body["epoch"]),
-            request_id=response.headers.get("X-Request-Id"),
-        )
-    except Exception as exc:  # any malformation of the answer is one kind of failure
-        raise ServerError(
-            response.status_code, "BAD_RESPONSE", f"malformed gateway answer: {exc}"
-        ) from exc
+def _embed_payload(texts: list[str] | str, kind: TextKind) -> dict[str, Any]:
+    return {"inputs": [texts] if isinstance(texts, str) else list(texts), "kind": kind}
+
+
+def _parse_embeddings(response: httpx.Response, body: dict[str, Any]) -> Embeddings:
+    return Embeddings(
+        vectors=embeddings_from_bytes(body["embeddings"], body["count"], body["dims"]),
+        model_key=str(body["model_key"]),
+        epoch=int(body["epoch"]),
+        request_id=response.headers.get("X-Request-Id"),
+    )
+
+
+def _parse_scores(response: httpx.Response, body: dict[str, Any]) -> Scores:
+    return Scores(
+        scores=floats_from_bytes(body["scores"], body["count"], 1)[:, 0],
+        model_key=str(body["model_key"]),
+        epoch=int(body["epoch"]),
+        request_id=response.headers.get("X-Request-Id"),
+    )
+
+
+def _parse_classification(response: httpx.Response, body: dict[str, Any]) -> Classification:
+    labels = [str(label) for label in body["labels"]]
+    return Classification(
+        labels=labels,
+        probabilities=floats_from_bytes(body["probabilities"], body["count"], len(labels)),
+        model_key=str(body["model_key"]),
+        epoch=int(body["epoch"]),
+        request_id=response.headers.get("X-Request-Id"),
+    )
 
 
 def _error_of(response: httpx.Response) -> TaskfleetError:
@@ -189,7 +238,8 @@ def _auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 class Client:
-    """Blocking client. ``embed`` returns a ``count x dims`` float32 array."""
+    """Blocking client. ``embed`` returns a ``count x dims`` float32 array; ``rerank`` and
+    ``classify`` return :class:`Scores` and :class:`Classification`."""
 
     def __init__(
         self,
@@ -205,16 +255,15 @@ class Client:
         self._headers = _auth_headers(api_key)
         self._http = http or httpx.Client(timeout=timeout_s)
 
-    def embed_with_info(
+    def _run(
         self,
         task: str,
-        texts: list[str] | str,
-        *,
-        kind: TextKind = "query",
-        timeout_ms: int | None = None,
-    ) -> Embeddings:
-        steps = _embed_steps(
-            self.base_url, self._headers, task, texts, kind, timeout_ms, self.max_retries
+        payload: dict[str, Any],
+        timeout_ms: int | None,
+        parse: Callable[[httpx.Response, dict[str, Any]], R],
+    ) -> R:
+        steps = _task_steps(
+            self.base_url, self._headers, task, payload, timeout_ms, self.max_retries, parse
         )
         reply: httpx.Response | None = None
         try:
@@ -226,8 +275,32 @@ class Client:
                 else:
                     reply = self._http.send(step)
         except StopIteration as done:
-            result: Embeddings = done.value
+            result: R = done.value
             return result
+
+    def embed_with_info(
+        self,
+        task: str,
+        texts: list[str] | str,
+        *,
+        kind: TextKind = "query",
+        timeout_ms: int | None = None,
+    ) -> Embeddings:
+        return self._run(task, _embed_payload(texts, kind), timeout_ms, _parse_embeddings)
+
+    def rerank(
+        self, task: str, query: str, documents: list[str], *, timeout_ms: int | None = None
+    ) -> Scores:
+        """One score per document of a rerank task (higher is more relevant)."""
+        payload = {"query": query, "documents": list(documents)}
+        return self._run(task, payload, timeout_ms, _parse_scores)
+
+    def classify(
+        self, task: str, texts: list[str] | str, *, timeout_ms: int | None = None
+    ) -> Classification:
+        """Label probabilities per text of a classification task."""
+        payload = {"inputs": [texts] if isinstance(texts, str) else list(texts)}
+        return self._run(task, payload, timeout_ms, _parse_classification)
 
     def embed(
         self,
@@ -266,16 +339,15 @@ class AsyncClient:
         self._headers = _auth_headers(api_key)
         self._http = http or httpx.AsyncClient(timeout=timeout_s)
 
-    async def embed_with_info(
+    async def _run(
         self,
         task: str,
-        texts: list[str] | str,
-        *,
-        kind: TextKind = "query",
-        timeout_ms: int | None = None,
-    ) -> Embeddings:
-        steps = _embed_steps(
-            self.base_url, self._headers, task, texts, kind, timeout_ms, self.max_retries
+        payload: dict[str, Any],
+        timeout_ms: int | None,
+        parse: Callable[[httpx.Response, dict[str, Any]], R],
+    ) -> R:
+        steps = _task_steps(
+            self.base_url, self._headers, task, payload, timeout_ms, self.max_retries, parse
         )
         reply: httpx.Response | None = None
         try:
@@ -287,8 +359,30 @@ class AsyncClient:
                 else:
                     reply = await self._http.send(step)
         except StopIteration as done:
-            result: Embeddings = done.value
+            result: R = done.value
             return result
+
+    async def embed_with_info(
+        self,
+        task: str,
+        texts: list[str] | str,
+        *,
+        kind: TextKind = "query",
+        timeout_ms: int | None = None,
+    ) -> Embeddings:
+        return await self._run(task, _embed_payload(texts, kind), timeout_ms, _parse_embeddings)
+
+    async def rerank(
+        self, task: str, query: str, documents: list[str], *, timeout_ms: int | None = None
+    ) -> Scores:
+        payload = {"query": query, "documents": list(documents)}
+        return await self._run(task, payload, timeout_ms, _parse_scores)
+
+    async def classify(
+        self, task: str, texts: list[str] | str, *, timeout_ms: int | None = None
+    ) -> Classification:
+        payload = {"inputs": [texts] if isinstance(texts, str) else list(texts)}
+        return await self._run(task, payload, timeout_ms, _parse_classification)
 
     async def embed(
         self,

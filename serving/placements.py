@@ -27,6 +27,7 @@ from serving import protocol as p
 from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout
+from serving.runtime.heads import HeadError, has_head, read_spec
 
 log = logging.getLogger("taskfleet.publisher")
 
@@ -74,6 +75,13 @@ def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementVa
         adapter_path = registry.adapter_path(adapter.name) if adapter else None
     except RegistryError as exc:
         raise PlacementError(str(exc)) from None
+    # A task head reads inputs with the limit it was trained with, as its evaluation did.
+    max_seq_length = base.max_seq_length
+    if adapter_path is not None and has_head(adapter_path):
+        try:
+            max_seq_length = read_spec(adapter_path).max_seq_length or max_seq_length
+        except HeadError as exc:
+            raise PlacementError(str(exc)) from None
     return p.PlacementValue(
         task=placement.task,
         epoch=placement.epoch,
@@ -83,7 +91,7 @@ def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementVa
         adapter_path=str(adapter_path.resolve()) if adapter_path else None,
         query_prefix=base.query_prefix,
         passage_prefix=base.passage_prefix,
-        max_seq_length=base.max_seq_length,
+        max_seq_length=max_seq_length,
         pinned=placement.pinned,
         replicas=placement.replicas,
         memory_bytes=memory_estimate(base, adapter),

@@ -9,8 +9,10 @@ head (``head.json`` + ``head.safetensors``), or both:
   head without a LoRA; a fine-tuned classifier is a LoRA plus a head trained with it.
 
 ``head.json``: ``{"kind": "score"|"classify", "labels": [str] (classify), "dims": int,
-"format": 1}``; ``head.safetensors``: ``weight`` (outputs x dims) and ``bias`` (outputs).
-The registry reads only ``kind`` (registry/fingerprint.py); everything else is read here.
+"max_seq_length": int or null, "format": 1}``; ``head.safetensors``: ``weight`` (outputs x
+dims) and ``bias`` (outputs). ``max_seq_length`` is the token limit the head was trained with;
+a model spec that names none reads inputs with it (``with_head_limit``), in evaluation and
+serving alike. The registry reads only ``kind`` (registry/fingerprint.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class HeadSpec:
     kind: HeadKind
     dims: int
     labels: tuple[str, ...] = ()
+    max_seq_length: int | None = None
 
     @property
     def outputs(self) -> int:
@@ -63,7 +66,10 @@ def read_spec(folder: Path) -> HeadSpec:
     dims = data.get("dims")
     if not isinstance(dims, int) or dims < 1:
         raise HeadError(f"{path}: 'dims' must be a positive integer")
-    return HeadSpec(kind=kind, dims=dims, labels=labels)
+    limit = data.get("max_seq_length")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise HeadError(f"{path}: 'max_seq_length' must be a positive integer or null")
+    return HeadSpec(kind=kind, dims=dims, labels=labels, max_seq_length=limit)
 
 
 def new_head(spec: HeadSpec, *, seed: int = 0) -> Any:
@@ -111,6 +117,7 @@ def save_head(folder: Path, spec: HeadSpec, layer: Any) -> None:
     manifest: dict[str, Any] = {"format": FORMAT, "kind": spec.kind, "dims": spec.dims}
     if spec.kind == "classify":
         manifest["labels"] = list(spec.labels)
+    manifest["max_seq_length"] = spec.max_seq_length
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     tensors = {
         "weight": layer.weight.detach().float().cpu().contiguous(),
@@ -128,6 +135,16 @@ def save_linear_head(folder: Path, spec: HeadSpec, weight: np.ndarray, bias: np.
         layer.weight.copy_(torch.from_numpy(np.asarray(weight, dtype=np.float32)))
         layer.bias.copy_(torch.from_numpy(np.asarray(bias, dtype=np.float32)))
     save_head(folder, spec, layer)
+
+
+def with_head_limit(spec: Any) -> Any:
+    """A ModelSpec that reads inputs with its head's training limit when it names none."""
+    from dataclasses import replace
+
+    if spec.max_seq_length is not None or not has_head(spec.adapter_path):
+        return spec
+    limit = read_spec(spec.adapter_path).max_seq_length
+    return replace(spec, max_seq_length=limit) if limit is not None else spec
 
 
 def check_fits(spec: HeadSpec, dims: int, where: Path) -> None:

@@ -32,7 +32,7 @@ from serving.runtime.encoder import (
     has_lora,
     load_sentence_transformer,
 )
-from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head
+from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head, with_head_limit
 from serving.runtime.scorer import Scorer
 
 
@@ -127,6 +127,10 @@ class ModelPool:
 
     def load(self, model_key: str, spec: ModelSpec) -> int:
         """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
+        try:
+            spec = with_head_limit(spec)
+        except HeadError as exc:
+            raise ModelLoadError(str(exc)) from exc
         existing = self._models.get(model_key)
         if existing is not None:
             if existing.spec != spec:
