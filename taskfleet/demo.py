@@ -1,9 +1,10 @@
 """`make demo`: the whole loop on a fresh data dir, printing each command and what it did.
 
-register -> evaluate -> fine-tune -> promote the winner -> serve the task by name through the
-fleet -> print the dashboard URL. Every step is a real `taskfleet` command run as a user would
-type it, against a throwaway home (`demo-home/`). Evaluations use the documented demo sample
-(the first 100 judged `eval` queries against the full corpus; `make bench` runs the whole split).
+register -> evaluate -> fine-tune -> promote the winner -> two more task kinds from their
+declared suites -> serve the task by name through the fleet -> print the dashboard URL. Every
+step is a real `taskfleet` command run as a user would type it, against a throwaway home
+(`demo-home/`). Evaluations use the documented demo sample (the first 100 judged queries or
+rows of the test split; `make bench` runs the whole splits).
 """
 
 from __future__ import annotations
@@ -100,6 +101,17 @@ def evaluate_and_finetune() -> None:
     tf("promotions", TASK)
 
 
+def other_kinds() -> None:
+    console.rule("5. tasks are data: a classification and a rerank task from their suites")
+    tf("task", "add", "german-legal-area", "--description", "Which BGB book answers a question")
+    tf("candidate", "add", "german-legal-area", "--kind", "tfidf-lr")
+    tf("eval", "run", "german-legal-area", "--candidate", "tfidf-lr", "--sample", SAMPLE)
+    tf("task", "add", "german-legal-rerank", "--description", "Order a question's candidates")
+    tf("candidate", "add", "german-legal-rerank", "--kind", "bm25")
+    tf("eval", "run", "german-legal-rerank", "--candidate", "bm25", "--sample", SAMPLE)
+    tf("suite", "ls")
+
+
 def _wait_for_fleet_mirror(timeout_s: float = 20.0) -> None:
     """The fleet watcher mirrors heartbeats into the registry every few seconds; wait for the
     worker's report of the served epoch so `placements` shows the converged fleet."""
@@ -119,7 +131,7 @@ def _wait_for_fleet_mirror(timeout_s: float = 20.0) -> None:
 
 
 def serve(api_key: str) -> None:
-    console.rule("5. start the fleet and call the task by name")
+    console.rule("6. start the fleet and call the task by name")
     command = [
         sys.executable,
         "-m",
@@ -183,6 +195,7 @@ def main() -> None:
     started = time.monotonic()
     api_key = register()
     evaluate_and_finetune()
+    other_kinds()
     serve(api_key)
     console.print(f"[dim]demo took {time.monotonic() - started:.0f}s[/dim]")
 
