@@ -187,3 +187,43 @@ def test_suite_path_with_other_data_never_ranks_under_the_builtin_name(tmp_path:
     moved = build_beir(tmp_path / "moved", queries={"eval": 10, "dev": 6})
     r = _cli(home, data, "eval", "run", task, "-c", "bm25", "--suite-path", str(moved))
     assert r.returncode == 0, r.stderr
+
+
+def test_dashboard_shows_each_kinds_metrics_and_the_confusion_matrix(
+    registry: Registry, tmp_path: Path
+) -> None:
+    declare_suite(registry, "area-suite", kind="classification", test_split="test")
+    registry.add_task("area", suite="area-suite")
+    registry.add_candidate("area", kind="tfidf-lr")
+    suite = registry.get_suite("area-suite")
+    gold = {"i1": "miete", "i2": "erbe", "i3": "erbe"}
+    pred = {"i1": "miete", "i2": "erbe", "i3": "miete"}
+    registry.record_eval_run(
+        EvalRunCreate(
+            task="area",
+            candidate="tfidf-lr",
+            suite_name=suite.name,
+            suite_version="1",
+            suite_fingerprint=suite.fingerprint,
+            split="test",
+            main_metric="macro_f1",
+            metrics={"macro_f1": 0.6667, "accuracy": 0.6667},
+            ci={"macro_f1": (0.3, 1.0), "accuracy": (0.3, 1.0)},
+            cost={},
+            per_query={i: float(gold[i] == pred[i]) for i in gold},
+            details={
+                "labels": ["miete", "erbe"],
+                "per_class_f1": {"miete": 0.6667, "erbe": 0.6667},
+                "support": {"miete": 1, "erbe": 2},
+                "confusion_matrix": [[1, 0], [1, 1]],
+                "gold": gold,
+                "pred": pred,
+            },
+        )
+    )
+    client = TestClient(create_app(registry, require_auth=False))
+    task = client.get("/tasks/area").text
+    assert "macro_f1" in task and "accuracy 0.6667" in task
+    assert "Promote" not in task  # a baseline cannot be placed
+    page = client.get("/tasks/area/candidates/tfidf-lr").text
+    assert 'class="grid confusion"' in page and "gold \\ predicted" in page
