@@ -92,6 +92,8 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/runtimes.py
 	$(PY) benchmarks/eval_german_legal.py
 	$(PY) benchmarks/lora_german_legal.py
+	$(PY) benchmarks/rerank_german_legal.py
+	$(PY) benchmarks/area_german_legal.py
 	$(PY) benchmarks/serving_throughput.py
 	$(PY) benchmarks/reliability.py
 

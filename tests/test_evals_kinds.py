@@ -243,3 +243,19 @@ def test_declare_reads_everything_and_fingerprints(labelled_dir: Path, rerank_di
     rerank, counts = declare("rr", "rerank", rerank_dir)
     assert rerank.metrics == ["ndcg_at_10", "mrr_at_10", "map_at_1000"]
     assert counts["test"]["queries"] == 16
+
+
+def test_an_mteb_task_offline_names_what_is_missing(tmp_path: Path) -> None:
+    from evals.mteb_suites import declare_mteb
+
+    with pytest.raises(SuiteDataError) as refused:
+        declare_mteb("banking", "Banking77Classification", tmp_path / "banking")
+    message = str(refused.value)
+    assert "mteb task 'Banking77Classification' (classification) needs the dataset" in message
+    assert "'mteb/banking77' at revision 0fd18e25b25c072e09e0d92ab615fda904d66300" in message
+    assert "local Hugging Face cache" in message and "HF_HUB_OFFLINE=1" in message
+    assert "\n" not in message
+    with pytest.raises(SuiteDataError, match="mteb knows no task named 'NoSuchTask'"):
+        declare_mteb("x", "NoSuchTask", tmp_path / "x")
+    with pytest.raises(SuiteDataError, match="is a Clustering task"):
+        declare_mteb("x", "TwentyNewsgroupsClustering", tmp_path / "x")

@@ -1,0 +1,151 @@
+"""Benchmark: german-legal-rerank end to end on the full test split.
+
+Registers the built-in suite as a user would and scores the candidate lists in random order,
+in BM25 order, by the packaged MiniLM as a bi-encoder, by a german-legal-retrieval LoRA used as
+a bi-encoder, and by a cross-encoder fine-tuned from MiniLM (LoRA + score head) with the same
+code as `taskfleet finetune`. Writes reports/german-legal-rerank/: leaderboard.md + PNG (CIs)
+and rerank.json.
+
+    .venv/bin/python benchmarks/rerank_german_legal.py [--preset default] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from kinds_bench import (
+    REPO,
+    Bench,
+    comparison_lines,
+    show_step,
+    training_figures,
+    training_lines,
+    write_json,
+)
+
+TASK = "german-legal-rerank"
+RETRIEVAL = "german-legal-retrieval"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="default", help="rerank preset")
+    parser.add_argument(
+        "--retrieval-preset", default="short", help="preset of the retrieval LoRA (or 'none')"
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sample", type=int, default=None, help="first N test queries (smoke)")
+    parser.add_argument("--max-steps", type=int, default=None, help="cut training (smoke)")
+    parser.add_argument("--home", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "reports" / TASK)
+    args = parser.parse_args()
+
+    import torch
+
+    from evals.report import machine_description, write_leaderboard
+    from finetune.config import preset
+    from finetune.pipeline import FinetuneRequest, finetune_lora
+
+    torch.set_num_threads(args.threads)
+    bench = Bench.open(args.home or Path(tempfile.mkdtemp(prefix="taskfleet-bench-rerank-")))
+    bench.task(TASK)
+    base = bench.model()
+    reg = bench.reg
+    for kind in ("random", "bm25"):
+        reg.add_candidate(TASK, kind=kind)
+        bench.evaluate(TASK, kind, sample=args.sample)
+    reg.add_candidate(TASK, name="minilm-bi-encoder", base=base, kind="embedding")
+    bench.evaluate(TASK, "minilm-bi-encoder", sample=args.sample)
+
+    trainings: dict[str, dict[str, object]] = {}
+    if args.retrieval_preset != "none":
+        # The retrieval task's own LoRA (trained on GerLayQA dev = this suite's train split),
+        # put on the rerank task as a bi-encoder: the same adapter, another task.
+        bench.task(RETRIEVAL)
+        hp = preset(args.retrieval_preset).with_overrides(max_steps=args.max_steps)
+        load_before = os.getloadavg()[0]
+        retrieval = finetune_lora(
+            reg,
+            FinetuneRequest(
+                task=RETRIEVAL,
+                base=base,
+                hyperparameters=hp,
+                name="minilm-retrieval-lora",
+                evaluate=False,
+                data_root=bench.data_root,
+            ),
+            on_step=show_step(),
+        )
+        trainings[retrieval.candidate.name] = training_figures(
+            retrieval.training, load_before, os.getloadavg()[0]
+        )
+        reg.add_candidate(
+            TASK, name="retrieval-lora-bi-encoder", adapter=retrieval.adapter.name, kind="embedding"
+        )
+        bench.evaluate(TASK, "retrieval-lora-bi-encoder", sample=args.sample)
+
+    hp = preset(args.preset, "rerank").with_overrides(max_steps=args.max_steps)
+    load_before = os.getloadavg()[0]
+    tuned = finetune_lora(
+        reg,
+        FinetuneRequest(
+            task=TASK,
+            base=base,
+            hyperparameters=hp,
+            name="minilm-cross-encoder-lora",
+            evaluate=False,
+            data_root=bench.data_root,
+        ),
+        on_step=show_step(),
+    )
+    trainings[tuned.candidate.name] = training_figures(
+        tuned.training, load_before, os.getloadavg()[0]
+    )
+    bench.figures["training"] = trainings
+    bench.figures["hyperparameters"] = hp.as_dict()
+    bench.evaluate(TASK, tuned.candidate.name, sample=args.sample)
+
+    for baseline in ("random", "minilm-bi-encoder", "bm25"):
+        bench.compare(TASK, tuned.candidate.name, baseline)
+    if args.retrieval_preset != "none":
+        bench.compare(TASK, tuned.candidate.name, "retrieval-lora-bi-encoder")
+        bench.compare(TASK, "retrieval-lora-bi-encoder", "minilm-bi-encoder")
+
+    board = reg.leaderboard(TASK)
+    bench.figures["leaderboard"] = {
+        name: {"metrics": run.metrics, "ci": run.ci, "queries": len(run.per_query)}
+        for name, run in board.items()
+    }
+    suite = reg.get_suite(TASK)
+    command = "`.venv/bin/python benchmarks/rerank_german_legal.py`" + (
+        f" --preset {args.preset}" if args.preset != "default" else ""
+    )
+    extra = [
+        *comparison_lines(bench.figures["comparisons"], "ndcg_at_10"),
+        "",
+        "## Training",
+        "",
+        *[line for name, t in trainings.items() for line in training_lines(name, t)],
+        f"- Cross-encoder hyperparameters (preset `{args.preset}`): "
+        + ", ".join(f"{k}={v}" for k, v in sorted(hp.as_dict().items())),
+        "",
+        f"Suite `{suite.name}` version {suite.version} (fingerprint `{suite.fingerprint[:12]}`), "
+        f"test split `{suite.test_split}`, "
+        + ("all queries" if args.sample is None else f"first {args.sample} queries")
+        + " with their candidate lists (gold + BM25 top-30 non-gold paragraphs, listed in "
+        "corpus order, so the `random` candidate shuffles them with a fixed seed per query). "
+        "The cross-encoder and the retrieval LoRA were trained on `train` (GerLayQA dev) only.",
+        f"Machine: {machine_description()}.",
+        f"Reproduce: {command} (`make bench` runs it).",
+    ]
+    md, chart = write_leaderboard(TASK, board, args.out, extra_lines=extra)
+    write_json(args.out / "rerank.json", bench.figures)
+    print(f"wrote {md}, {chart}")
+    reg.close()
+
+
+if __name__ == "__main__":
+    main()
