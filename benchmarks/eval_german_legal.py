@@ -59,11 +59,14 @@ def main() -> None:
     reg = Registry.open(
         f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts", actor="bench"
     )
+    data_dir = os.environ.get("TASKFLEET_DATA_DIR")  # same knob as `taskfleet eval run`
+    from taskfleet.suites import ensure_suite
+
+    ensure_suite(reg, TASK, data_root=Path(data_dir) if data_dir else None, mteb_dir=home)
     reg.add_task(TASK, suite=TASK, description="German lay questions -> BGB paragraphs")
     reg.add_model("minilm", package=MODEL_PACKAGE)
     reg.add_candidate(TASK, name="all-minilm-l6-v2", base="minilm")
     reg.add_candidate(TASK, name="bm25", kind="bm25")
-    data_dir = os.environ.get("TASKFLEET_DATA_DIR")  # same knob as `taskfleet eval run`
     paths = EvalPaths(
         cache_dir=home / "cache",
         mlflow_uri=f"sqlite:///{home / 'mlflow.db'}",

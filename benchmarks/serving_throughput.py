@@ -73,9 +73,14 @@ def start_stack(
     home: Path, model_path: Path, workers: int, port: int, cport: int, extra_env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     from registry import Registry
+    from taskfleet.suites import ensure_suite
 
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
-    reg.add_task(TASK, suite="bench")
+    data_dir = os.environ.get("TASKFLEET_DATA_DIR")
+    # The built-in retrieval suite: the task needs one, the benchmark only serves it.
+    suite = "german-legal-retrieval"
+    ensure_suite(reg, suite, data_root=Path(data_dir) if data_dir else None, mteb_dir=home)
+    reg.add_task(TASK, suite=suite)
     reg.add_model("minilm", path=model_path)
     reg.add_candidate(TASK, base="minilm")
     # No eval run in a throughput benchmark: an admin override places it, pinned; the running
