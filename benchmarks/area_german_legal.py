@@ -11,17 +11,15 @@ same code as `taskfleet finetune`, then writes reports/german-legal-area/: leade
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
 from kinds_bench import (
     REPO,
     Bench,
+    arguments,
     comparison_lines,
-    show_step,
-    training_figures,
+    fine_tune,
     training_lines,
     write_json,
 )
@@ -30,20 +28,13 @@ TASK = "german-legal-area"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="default", help="classification preset")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sample", type=int, default=None, help="first N test items (smoke)")
-    parser.add_argument("--max-steps", type=int, default=None, help="cut training (smoke)")
-    parser.add_argument("--home", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / TASK)
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0], REPO / "reports" / TASK, "classification preset")
 
     import torch
 
     from evals.report import confusion_chart, machine_description, write_leaderboard
     from finetune.config import preset
-    from finetune.pipeline import FinetuneRequest, HeadRequest, finetune_head, finetune_lora
+    from finetune.pipeline import HeadRequest, finetune_head
 
     torch.set_num_threads(args.threads)
     bench = Bench.open(args.home or Path(tempfile.mkdtemp(prefix="taskfleet-bench-area-")))
@@ -65,23 +56,9 @@ def main() -> None:
     bench.evaluate(TASK, head.candidate.name, sample=args.sample)
 
     hp = preset(args.preset, "classification").with_overrides(max_steps=args.max_steps)
-    load_before = os.getloadavg()[0]
-    tuned = finetune_lora(
-        reg,
-        FinetuneRequest(
-            task=TASK,
-            base=base,
-            hyperparameters=hp,
-            name="minilm-area-lora",
-            evaluate=False,
-            data_root=bench.data_root,
-        ),
-        on_step=show_step(),
-    )
-    training = training_figures(tuned.training, load_before, os.getloadavg()[0])
+    tuned, training = fine_tune(bench, TASK, base, hp, "minilm-area-lora")
     bench.figures["training"] = {tuned.candidate.name: training}
     bench.figures["hyperparameters"] = hp.as_dict()
-    print(f"trained in {training['wall_seconds']}s wall", flush=True)
     fine_tuned = bench.evaluate(TASK, tuned.candidate.name, sample=args.sample)
 
     for baseline in ("tfidf-lr", head.candidate.name, "majority"):

@@ -4,6 +4,7 @@ code as the CLI, paired comparisons for the report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -19,6 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from evals.runner import EvalPaths, compare, run_eval  # noqa: E402
+from finetune.config import LoraHyperparameters  # noqa: E402
+from finetune.pipeline import FinetuneOutcome, FinetuneRequest, finetune_lora  # noqa: E402
 from finetune.trainer import StepReport, TrainingResult  # noqa: E402
 from registry import Registry  # noqa: E402
 from registry.entities import EvalRun  # noqa: E402
@@ -88,6 +91,46 @@ class Bench:
         print(f"{a} - {b}: {d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]", flush=True)
         self.figures.setdefault("comparisons", []).append(row)
         return row
+
+
+def arguments(
+    description: str, out: Path, preset_help: str, *, retrieval_preset: bool = False
+) -> argparse.Namespace:
+    """The flags both benchmarks share; the rerank one also trains a retrieval LoRA."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--preset", default="default", help=preset_help)
+    if retrieval_preset:
+        parser.add_argument(
+            "--retrieval-preset", default="demo", help="preset of the retrieval LoRA, or none"
+        )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sample", type=int, default=None, help="first N test items (smoke)")
+    parser.add_argument("--max-steps", type=int, default=None, help="cut training (smoke)")
+    parser.add_argument("--home", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser.parse_args()
+
+
+def fine_tune(
+    bench: Bench, task: str, base: str, hp: LoraHyperparameters, name: str
+) -> tuple[FinetuneOutcome, dict[str, Any]]:
+    """`taskfleet finetune lora`'s pipeline, timed, with the machine's load beside the time."""
+    load_before = os.getloadavg()[0]
+    outcome = finetune_lora(
+        bench.reg,
+        FinetuneRequest(
+            task=task,
+            base=base,
+            hyperparameters=hp,
+            name=name,
+            evaluate=False,
+            data_root=bench.data_root,
+        ),
+        on_step=show_step(),
+    )
+    figures = training_figures(outcome.training, load_before, os.getloadavg()[0])
+    print(f"trained {name} in {figures['wall_seconds']}s wall", flush=True)
+    return outcome, figures
 
 
 def show_step(every: int = 20) -> Callable[[StepReport], None]:

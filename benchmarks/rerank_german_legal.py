@@ -11,17 +11,15 @@ and rerank.json.
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
 from kinds_bench import (
     REPO,
     Bench,
+    arguments,
     comparison_lines,
-    show_step,
-    training_figures,
+    fine_tune,
     training_lines,
     write_json,
 )
@@ -31,23 +29,14 @@ RETRIEVAL = "german-legal-retrieval"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="default", help="rerank preset")
-    parser.add_argument(
-        "--retrieval-preset", default="short", help="preset of the retrieval LoRA (or 'none')"
+    args = arguments(
+        __doc__.splitlines()[0], REPO / "reports" / TASK, "rerank preset", retrieval_preset=True
     )
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sample", type=int, default=None, help="first N test queries (smoke)")
-    parser.add_argument("--max-steps", type=int, default=None, help="cut training (smoke)")
-    parser.add_argument("--home", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / TASK)
-    args = parser.parse_args()
 
     import torch
 
     from evals.report import machine_description, write_leaderboard
     from finetune.config import preset
-    from finetune.pipeline import FinetuneRequest, finetune_lora
 
     torch.set_num_threads(args.threads)
     bench = Bench.open(args.home or Path(tempfile.mkdtemp(prefix="taskfleet-bench-rerank-")))
@@ -66,21 +55,8 @@ def main() -> None:
         # put on the rerank task as a bi-encoder: the same adapter, another task.
         bench.task(RETRIEVAL)
         hp = preset(args.retrieval_preset).with_overrides(max_steps=args.max_steps)
-        load_before = os.getloadavg()[0]
-        retrieval = finetune_lora(
-            reg,
-            FinetuneRequest(
-                task=RETRIEVAL,
-                base=base,
-                hyperparameters=hp,
-                name="minilm-retrieval-lora",
-                evaluate=False,
-                data_root=bench.data_root,
-            ),
-            on_step=show_step(),
-        )
-        trainings[retrieval.candidate.name] = training_figures(
-            retrieval.training, load_before, os.getloadavg()[0]
+        retrieval, trainings["minilm-retrieval-lora"] = fine_tune(
+            bench, RETRIEVAL, base, hp, "minilm-retrieval-lora"
         )
         reg.add_candidate(
             TASK, name="retrieval-lora-bi-encoder", adapter=retrieval.adapter.name, kind="embedding"
@@ -88,21 +64,8 @@ def main() -> None:
         bench.evaluate(TASK, "retrieval-lora-bi-encoder", sample=args.sample)
 
     hp = preset(args.preset, "rerank").with_overrides(max_steps=args.max_steps)
-    load_before = os.getloadavg()[0]
-    tuned = finetune_lora(
-        reg,
-        FinetuneRequest(
-            task=TASK,
-            base=base,
-            hyperparameters=hp,
-            name="minilm-cross-encoder-lora",
-            evaluate=False,
-            data_root=bench.data_root,
-        ),
-        on_step=show_step(),
-    )
-    trainings[tuned.candidate.name] = training_figures(
-        tuned.training, load_before, os.getloadavg()[0]
+    tuned, trainings["minilm-cross-encoder-lora"] = fine_tune(
+        bench, TASK, base, hp, "minilm-cross-encoder-lora"
     )
     bench.figures["training"] = trainings
     bench.figures["hyperparameters"] = hp.as_dict()

@@ -181,6 +181,14 @@ def _embed_payload(texts: list[str] | str, kind: TextKind) -> dict[str, Any]:
     return {"inputs": [texts] if isinstance(texts, str) else list(texts), "kind": kind}
 
 
+def _rerank_payload(query: str, documents: list[str]) -> dict[str, Any]:
+    return {"query": query, "documents": list(documents)}
+
+
+def _classify_payload(texts: list[str] | str) -> dict[str, Any]:
+    return {"inputs": [texts] if isinstance(texts, str) else list(texts)}
+
+
 def _parse_embeddings(response: httpx.Response, body: dict[str, Any]) -> Embeddings:
     return Embeddings(
         vectors=embeddings_from_bytes(body["embeddings"], body["count"], body["dims"]),
@@ -292,15 +300,13 @@ class Client:
         self, task: str, query: str, documents: list[str], *, timeout_ms: int | None = None
     ) -> Scores:
         """One score per document of a rerank task (higher is more relevant)."""
-        payload = {"query": query, "documents": list(documents)}
-        return self._run(task, payload, timeout_ms, _parse_scores)
+        return self._run(task, _rerank_payload(query, documents), timeout_ms, _parse_scores)
 
     def classify(
         self, task: str, texts: list[str] | str, *, timeout_ms: int | None = None
     ) -> Classification:
         """Label probabilities per text of a classification task."""
-        payload = {"inputs": [texts] if isinstance(texts, str) else list(texts)}
-        return self._run(task, payload, timeout_ms, _parse_classification)
+        return self._run(task, _classify_payload(texts), timeout_ms, _parse_classification)
 
     def embed(
         self,
@@ -375,13 +381,12 @@ class AsyncClient:
     async def rerank(
         self, task: str, query: str, documents: list[str], *, timeout_ms: int | None = None
     ) -> Scores:
-        payload = {"query": query, "documents": list(documents)}
-        return await self._run(task, payload, timeout_ms, _parse_scores)
+        return await self._run(task, _rerank_payload(query, documents), timeout_ms, _parse_scores)
 
     async def classify(
         self, task: str, texts: list[str] | str, *, timeout_ms: int | None = None
     ) -> Classification:
-        payload = {"inputs": [texts] if isinstance(texts, str) else list(texts)}
+        payload = _classify_payload(texts)
         return await self._run(task, payload, timeout_ms, _parse_classification)
 
     async def embed(

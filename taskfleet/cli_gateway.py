@@ -5,6 +5,8 @@ Wire them with ``app.command("call")(call)`` and ``app.command("gateway")(gatewa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import typer
 from rich.console import Console
@@ -21,21 +23,39 @@ err = Console(stderr=True)
 
 def call(
     task: str = typer.Argument(..., help="Task name, e.g. german-legal-retrieval."),
-    text: list[str] = typer.Option(..., "--text", "-t", help="A text to embed; repeat for more."),
+    text: list[str] = typer.Option(
+        ..., "--text", "-t", help="A text (a document for --query); repeat for more."
+    ),
     kind: str = typer.Option("query", help="query or passage (selects the model's prefix)."),
+    query: str | None = typer.Option(
+        None, "--query", "-q", help="Rerank task: score the --text documents against this query."
+    ),
+    classify: bool = typer.Option(
+        False, "--classify", help="Classification task: label probabilities per --text."
+    ),
     url: str = typer.Option(DEFAULT_GATEWAY_URL, "--url", help="Gateway base URL."),
     api_key: str | None = typer.Option(None, "--api-key", help="API key with role caller."),
     timeout_ms: int | None = typer.Option(None, "--timeout-ms", help="Deadline of the request."),
 ) -> None:
-    """Embed texts through the gateway; print the vectors' shape and norms and what served them."""
+    """Call a task through the gateway and print what it answered and what served it:
+    embeddings (shape, norms), rerank scores (--query) or label probabilities (--classify)."""
     import httpx
 
     from serving.client import Client, TaskfleetError
 
     if kind not in ("query", "passage"):
         raise typer.BadParameter("must be 'query' or 'passage'", param_hint="--kind")
+    if query is not None and classify:
+        raise typer.BadParameter("give --query (rerank) or --classify, not both")
     try:
         with Client(url, api_key=api_key) as client:
+            if query is not None:
+                scores = client.rerank(task, query, text, timeout_ms=timeout_ms)
+                _print_scores(task, text, scores)
+                return
+            if classify:
+                _print_labels(task, text, client.classify(task, text, timeout_ms=timeout_ms))
+                return
             result = client.embed_with_info(
                 task,
                 text,
@@ -60,6 +80,37 @@ def call(
         shown = t if len(t) <= 40 else t[:37] + "..."
         head = ", ".join(f"{v:+.4f}" for v in row[:4])
         table.add_row(str(i), shown, f"{float(np.linalg.norm(row)):.4f}", head)
+    out.print(table)
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _served(task: str, what: str, result: Any) -> None:
+    out.print(
+        f"{task}: {what}, served by model {result.model_key} at placement epoch "
+        f"{result.epoch} (request {result.request_id})",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _print_scores(task: str, documents: list[str], scores: Any) -> None:
+    _served(task, f"{len(documents)} scores", scores)
+    table = Table("rank", "#", "document", "score")
+    order = np.argsort(-scores.scores, kind="stable")
+    for rank, i in enumerate(order, start=1):
+        table.add_row(str(rank), str(i), _shown(documents[i]), f"{scores.scores[i]:+.4f}")
+    out.print(table)
+
+
+def _print_labels(task: str, texts: list[str], result: Any) -> None:
+    _served(task, f"{len(texts)} x {len(result.labels)} probabilities", result)
+    table = Table("#", "text", "label", "probability")
+    for i, (t, row) in enumerate(zip(texts, result.probabilities, strict=True)):
+        best = int(np.argmax(row))
+        table.add_row(str(i), _shown(t), result.labels[best], f"{row[best]:.4f}")
     out.print(table)
 
 

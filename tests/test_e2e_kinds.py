@@ -142,6 +142,20 @@ def test_three_kinds_on_one_base_through_taskfleet_up(tmp_path: Path) -> None:
         r = httpx.post(f"{gateway}/v1/embeddings", json={"model": "rerank-task", "input": "x"})
         assert r.status_code == 400 and "call POST /v1/rerank" in r.json()["error"]["message"]
 
+        # `taskfleet call` for each kind, as a user checks a task by hand.
+        def call(*args: str) -> str:
+            done = subprocess.run(
+                [sys.executable, "-m", "taskfleet", "call", *args, "--url", gateway],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert "3 scores, served by model" in call(
+            "rerank-task", "--query", QUERY, *[a for d in DOCUMENTS for a in ("-t", d)]
+        )
+        assert "1 x 3 probabilities" in call("classification-task", "--classify", "-t", TEXTS[0])
+
         # One base serves the three tasks: loaded once, three adapters on it (as the fleet
         # watcher mirrors the worker's heartbeat into the registry).
         def fleet() -> dict[str, object] | None:
