@@ -489,22 +489,30 @@ def test_score_and_classify_match_an_independent_computation(server: Path, tmp_p
     ce_load, cls_load, lr_load, bi_load, scored, classified, no_head, wrong_head, stats = run(
         server, scenario
     )
-    assert ce_load.memory_bytes == base_bytes(base)  # the base, once (+ the LoRA and head)
+    base_size = base_bytes(base)
+    assert base_size < ce_load.memory_bytes < 1.25 * base_size  # the base, with LoRA and head
     assert 0 < cls_load.memory_bytes < base_bytes(base) // 4
     assert 0 < lr_load.memory_bytes < cls_load.memory_bytes  # a head without LoRA
     assert bi_load.memory_bytes == 0  # the same base, already resident
     assert len({m.base_key for m in stats.models if m.model_key in ("ce", "cls", "lr", "bi")}) == 1
 
     model, weight, bias = head_reference(base, cross)
-    tok = model.tokenizer(
-        [QUERY] * 3, PASSAGES, padding=True, truncation="longest_first", return_tensors="pt"
-    )
-    with torch.inference_mode():
-        pooled = model(dict(tok))["sentence_embedding"].numpy()
-    want = pooled @ weight.T + bias
+
+    def cross_encoder(query: str, passages: list[str]) -> np.ndarray:
+        tok = model.tokenizer(
+            [query] * len(passages),
+            passages,
+            padding=True,
+            truncation="longest_first",
+            return_tensors="pt",
+        )
+        with torch.inference_mode():
+            pooled = model(dict(tok))["sentence_embedding"].numpy()
+        return np.asarray((pooled @ weight.T + bias)[:, 0])
+
     ce, bi, ce_again = scored.results
-    np.testing.assert_allclose(ce.array(), want[:, 0], atol=1e-5)
-    np.testing.assert_allclose(ce_again.array(), want[1:, 0], atol=1e-5)
+    np.testing.assert_allclose(ce.array(), cross_encoder(QUERY, PASSAGES), atol=1e-5)
+    np.testing.assert_allclose(ce_again.array(), cross_encoder("erbe", PASSAGES[1:]), atol=1e-5)
     assert np.ptp(ce.array()) > 1e-3  # the scores tell the passages apart
     plain = expected(base, [QUERY, *PASSAGES[:2]])
     cosine = plain[1:] @ plain[0] / (np.linalg.norm(plain[1:], axis=1) * np.linalg.norm(plain[0]))

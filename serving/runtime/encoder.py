@@ -233,6 +233,19 @@ def has_lora(adapter_path: Path | None) -> bool:
     return adapter_path is not None and (adapter_path / "adapter_config.json").is_file()
 
 
+def check_adapter_folder(adapter_path: Path | None) -> None:
+    """An adapter folder holds a peft LoRA, a task head (head.json), or both."""
+    if adapter_path is None:
+        return
+    if not adapter_path.is_dir():
+        raise ModelLoadError(f"adapter folder does not exist: {adapter_path}")
+    if not has_lora(adapter_path) and not (adapter_path / "head.json").is_file():
+        raise ModelLoadError(
+            f"not an adapter folder (neither a peft adapter_config.json nor a head.json): "
+            f"{adapter_path}"
+        )
+
+
 def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
     """Load a sentence-transformers folder from a local path, then attach the adapter's LoRA."""
     from sentence_transformers import SentenceTransformer
@@ -245,8 +258,7 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
         raise ModelLoadError(f"cannot load base model from {spec.base_path}: {exc}") from exc
     if spec.max_seq_length is not None:
         model.max_seq_length = spec.max_seq_length
-    if spec.adapter_path is not None and not spec.adapter_path.is_dir():
-        raise ModelLoadError(f"adapter folder does not exist: {spec.adapter_path}")
+    check_adapter_folder(spec.adapter_path)
     if has_lora(spec.adapter_path):
         assert spec.adapter_path is not None
         attach_adapter(model, spec.adapter_path)

@@ -28,6 +28,7 @@ from serving.runtime.encoder import (
     ModelLoadError,
     ModelSpec,
     attach_adapter,
+    check_adapter_folder,
     detach_adapter,
     has_lora,
     load_sentence_transformer,
@@ -127,6 +128,7 @@ class ModelPool:
 
     def load(self, model_key: str, spec: ModelSpec) -> int:
         """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
+        check_adapter_folder(spec.adapter_path)
         try:
             spec = with_head_limit(spec)
         except HeadError as exc:
