@@ -157,5 +157,5 @@ def preset(name: str, kind: str = "retrieval") -> LoraHyperparameters:
     except KeyError:
         known = ", ".join(sorted(presets))
         raise InvalidHyperparameters(
-            f"unknown {kind} preset {name!r}; known presets: {known}"
+            f"unknown preset {name!r} for {kind} tasks; known presets: {known}"
         ) from None

@@ -42,7 +42,7 @@ def training_split(suite: SuiteSpec, split: str | None) -> str:
         return suite.train_split
     if split == suite.test_split:
         raise TrainingDataError(
-            f"split {split!r} is the test split of suite {suite.name!r}; training on it would "
+            f"split {split!r} is a test split of suite {suite.name!r}; training on it would "
             f"leak the test set (training split: {suite.train_split or 'none'})"
         )
     if split != suite.train_split:

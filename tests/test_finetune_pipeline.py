@@ -40,7 +40,9 @@ def reg(tmp_path: Path, tiny_model_path: Path, suite_dir: Path) -> Iterator[Regi
     registry = Registry.open(
         f"sqlite:///{tmp_path / 'registry.db'}", artifact_dir=tmp_path / "artifacts", actor="test"
     )
-    registry.add_suite(declare(SUITE, "retrieval", suite_dir, test_split="eval")[0])
+    registry.add_suite(
+        declare(SUITE, "retrieval", suite_dir, test_split="eval", train_split="dev")[0]
+    )
     registry.add_task(TASK, suite=SUITE)
     registry.add_model("tiny", path=tiny_model_path)
     try:
