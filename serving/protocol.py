@@ -598,7 +598,9 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 def _hints(cls: type) -> dict[str, Any]:
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls)
+        # The wire fields only: class constants (ClassVar) are not part of a message.
+        _HINTS[cls] = {f.name: hints[f.name] for f in fields(cls)}
     return _HINTS[cls]
 
 
