@@ -28,18 +28,21 @@ def declare_suite(
     fingerprint: str | None = None,
     test_split: str = "eval",
     train_split: str | None = "dev",
+    description: str = "",
+    location: str | None = None,
 ) -> Suite:
     """Register (a version of) a suite; an existing fingerprint returns that version."""
     suite, _ = reg.add_suite(
         SuiteCreate(
             name=name,
             kind=kind,
-            location=f"/nonexistent/{name}",
+            location=location or f"/nonexistent/{name}",
             test_split=test_split,
             train_split=train_split,
             main_metric=METRICS[kind][0],
             metrics=METRICS[kind],
             fingerprint=fingerprint or fake_fingerprint(name),
+            description=description,
         )
     )
     return suite

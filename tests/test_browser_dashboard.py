@@ -29,6 +29,7 @@ from registry.models import CandidateRow, PlacementRow, TaskRow
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
 from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, WEAK, report, seed_fleet
+from tests.suite_fixture import add_task
 
 CHROMIUM = "/usr/bin/chromium"
 # The committed screenshots are refreshed only on request (TASKFLEET_SCREENSHOTS=1), so a
@@ -171,7 +172,7 @@ def test_first_champion_from_the_dashboard(
 ) -> None:
     """A task nobody has promoted yet: the dashboard makes its first champion."""
     base, reg = control_plane
-    reg.add_task("fresh", suite="legal-suite", margin=0.01)
+    add_task(reg, "fresh", suite="legal-suite", margin=0.01)
     reg.add_candidate("fresh", base="base-a")
     record_run(reg, "fresh", "base-a", 0.3)
     _, key = reg.create_api_key("lena", roles=["promoter"])

@@ -19,6 +19,7 @@ from registry.api import create_app
 from registry.models import CandidateRow, PlacementRow, TaskRow
 from registry.throttle import LoginThrottle
 from tests.evalrun_fixture import record_run
+from tests.suite_fixture import add_task, declare_suite
 from tests.test_dashboard_pages import (
     CHALLENGER,
     CHAMPION,
@@ -41,7 +42,7 @@ def seeded(tmp_path: Path) -> Registry:
         f"sqlite:///{tmp_path / 'r.db'}", artifact_dir=tmp_path / "artifacts", actor="cli"
     )
     seed_fleet(reg, tmp_path)
-    reg.add_task(OTHER, suite="other-suite")
+    add_task(reg, OTHER, suite="other-suite")
     return reg
 
 
@@ -223,6 +224,7 @@ def test_values_the_database_cannot_hold_are_bad_requests(registry: Registry, va
     client = TestClient(create_app(registry, require_auth=False))
     r = client.get(f"/api/v1/tasks/{quote(value, safe='')}")
     assert r.status_code in (400, 404) and error_of(r)["code"] in ("BAD_REQUEST", "NOT_FOUND")
+    declare_suite(registry, "t")
     r = client.post("/api/v1/tasks", json={"name": "t", "description": value, "owner": value})
     assert r.status_code == 400 and error_of(r)["code"] == "BAD_REQUEST"
 
@@ -366,7 +368,8 @@ XSS = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
 
 def test_pages_escape_stored_and_reflected_values(seeded: Registry, tmp_path: Path) -> None:
     """Whatever users and workers put into the registry, or into a URL, is text on every page."""
-    seeded.add_task("xss", suite=XSS, description=XSS, owner=XSS, margin=0.0)
+    declare_suite(seeded, "xss-suite", description=XSS, location=f"/data/{XSS}")
+    seeded.add_task("xss", suite="xss-suite", description=XSS, owner=XSS, margin=0.0)
     seeded.add_model("base-x", path=make_model_dir(tmp_path / "bx", b"X"), query_prefix=XSS)
     seeded.add_candidate("xss", base="base-x")
     record_run(seeded, "xss", "base-x", 0.3)
@@ -388,6 +391,9 @@ def test_pages_escape_stored_and_reflected_values(seeded: Registry, tmp_path: Pa
         f"/tasks/{TASK}/promote/{CHALLENGER}",
         "/tasks/xss/rollback",
         "/fleet",
+        "/suites",
+        "/suites/xss-suite",
+        f"/suites/{quoted}",
         f"/login?next={quoted}",
         f"/login?next=/{quoted}",
         f"/tasks/{quoted}",

@@ -22,7 +22,10 @@ from starlette.routing import Mount
 from httpapi.errors import ErrorCode
 from registry import Registry
 from registry.api import create_app
+from taskfleet.suites import rest_suite_reader
 from tests.gateway_fixture import Stack
+from tests.kinds_fixture import build_classification
+from tests.suite_fixture import add_task
 from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, seed_fleet
 from tests.test_registry import make_adapter_dir, make_model_dir
 
@@ -92,6 +95,7 @@ class Call:
 def control_plane_calls(tmp: Path) -> list[Call]:
     """In walking order: reads first, then writes in an order where each one can succeed."""
     model = make_model_dir(tmp / "walk-model", b"W")
+    suite = build_classification(tmp / "walk-suite")  # seeded: the same folder each time
     adapter = make_adapter_dir(tmp / "walk-adapter", b"W")
     training = {"data_fingerprint": "f" * 64, "train_split": "dev", "seed": 1}
     t = f"/api/v1/tasks/{TASK}"
@@ -122,6 +126,11 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             TASK_READ,
         ),
         Call("GET", "/api/v1/fleet", "/api/v1/fleet", READ),
+        # Suites are shared by every task: any control-plane key reads them.
+        Call("GET", "/api/v1/suites", "/api/v1/suites", READ),
+        Call("GET", "/api/v1/suites/{name}", "/api/v1/suites/legal-suite", READ),
+        Call("GET", "/suites", "/suites", PAGE),
+        Call("GET", "/suites/{name}", "/suites/legal-suite", PAGE),
         Call("GET", "/tasks", "/tasks", PAGE),
         Call("GET", "/fleet", "/fleet", PAGE),
         Call("GET", "/tasks/{task}", f"/tasks/{TASK}", TASK_PAGE),
@@ -139,7 +148,20 @@ def control_plane_calls(tmp: Path) -> list[Call]:
         ),
         Call("GET", "/tasks/{task}/rollback", f"/tasks/{TASK}/rollback", CONFIRM_PAGE),
         # writes
-        Call("POST", "/api/v1/tasks", "/api/v1/tasks", ADMIN_WRITE, json={"name": "walk-task"}),
+        Call(
+            "POST",
+            "/api/v1/suites",
+            "/api/v1/suites",
+            ADMIN_WRITE,
+            json={"name": "walk-suite", "kind": "classification", "path": str(suite)},
+        ),
+        Call(
+            "POST",
+            "/api/v1/tasks",
+            "/api/v1/tasks",
+            ADMIN_WRITE,
+            json={"name": "walk-task", "suite": "legal-suite"},
+        ),
         Call(
             "POST",
             "/api/v1/models",
@@ -228,7 +250,7 @@ def walk_control_plane(tmp: Path, identity: str) -> dict[tuple[str, str], int]:
     reg = Registry.open(f"sqlite:///{tmp / 'r.db'}", artifact_dir=tmp / "artifacts", actor="cli")
     try:
         seed_fleet(reg, tmp)
-        reg.add_task("other-task", suite="s")
+        add_task(reg, "other-task", suite="s")
         key = ""
         if identity in ROLES:
             roles, tasks = ROLES[identity]
@@ -236,7 +258,10 @@ def walk_control_plane(tmp: Path, identity: str) -> dict[tuple[str, str], int]:
         headers = {"Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        client = TestClient(create_app(reg), headers=headers, follow_redirects=False)
+        reader = rest_suite_reader(data_root=None, mteb_dir=tmp / "mteb")
+        client = TestClient(
+            create_app(reg, read_suite=reader), headers=headers, follow_redirects=False
+        )
         if key:  # the dashboard door: a session of the same key (refused for callers)
             client.post("/login", data={"csrf_token": csrf_of(client), "api_key": key})
         seen = {}
