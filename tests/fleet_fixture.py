@@ -35,11 +35,13 @@ def register_served_task(
     model_name: str | None = None,
     pinned: bool = False,
     adapter_dir: Path | None = None,
+    suite: str = "test-suite",
 ) -> e.Placement:
-    """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run)."""
+    """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run).
+    The task takes its kind from ``suite`` (declared as a retrieval suite if it does not exist)."""
     from registry.entities import TrainingRecord
 
-    add_task(registry, task, suite="test-suite")
+    add_task(registry, task, suite=suite)
     name = model_name or f"m-{task}"
     try:
         registry.get_model(name)

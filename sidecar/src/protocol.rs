@@ -306,8 +306,9 @@ pub struct QueuePayload {
     pub inputs: Inputs,
 }
 
-/// Embeddings of a reply: the little-endian f32 bytes themselves, or, when the reply would not
-/// fit NATS's `max_payload`, a key in the `payloads` object store whose object holds them.
+/// The float32 data of an ok reply (embeddings, scores or probabilities): the little-endian
+/// bytes themselves, or, when the reply would not fit NATS's `max_payload`, a key in the
+/// `payloads` object store whose object holds them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EmbeddingsData {
@@ -404,7 +405,7 @@ pub struct ScoreReplyOk {
     pub model_key: String,
     pub epoch: u64,
     pub count: u32,
-    pub scores: ByteBuf,
+    pub scores: EmbeddingsData,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -417,7 +418,7 @@ pub struct ClassifyReplyOk {
     pub epoch: u64,
     pub count: u32,
     pub labels: Vec<String>,
-    pub probabilities: ByteBuf,
+    pub probabilities: EmbeddingsData,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -451,7 +452,7 @@ impl ReplyMessage {
             model_key: model_key.to_string(),
             epoch,
             count: result.count,
-            scores: result.scores,
+            scores: EmbeddingsData::Bytes(result.scores),
         })
     }
 
@@ -470,7 +471,7 @@ impl ReplyMessage {
             epoch,
             count: result.count,
             labels: result.labels,
-            probabilities: result.probabilities,
+            probabilities: EmbeddingsData::Bytes(result.probabilities),
         })
     }
 

@@ -104,6 +104,7 @@ fn known_vectors() -> Vec<(&'static str, Roundtrip)> {
         ("reply_ok_ref", reply_message("ok")),
         ("reply_score", reply_message("score")),
         ("reply_classify", reply_message("classify")),
+        ("reply_classify_ref", reply_message("classify")),
         ("reply_error", reply_message("error")),
         ("placement_value", typed::<Placement>),
         ("worker_heartbeat", typed::<WorkerHeartbeat>),

@@ -22,7 +22,10 @@ from serving import nats_layout
 from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol
 from tests.faults.reference import Reference
 from tests.faults.scenarios import serve
-from tests.fleet_fixture import LocalFleet
+from tests.fleet_fixture import LocalFleet, register_served_task
+from tests.nats_fixture import unique_task
+from tests.suite_fixture import declare_suite
+from tests.tiny_model import build_tiny_head, build_tiny_model
 
 LIMIT = 2048
 # Generous: on a shared 2-core machine one 2048-text batch can take tens of seconds.
@@ -145,3 +148,38 @@ def test_a_reply_that_cannot_be_sent_is_an_error_and_a_dead_letter(
         assert dead in text
     finally:
         asyncio.run(_limit_payloads(fleet.nats.url, None))
+
+
+def test_a_classification_reply_above_max_payload_comes_through_the_object_store(
+    fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """2048 texts x 160 labels of float32 probabilities is 1.25 MiB: a classify reply takes the
+    embeddings' path (object-store reference), and every probability equals the in-process
+    classifier's. (A rerank reply holds one float32 per document, at most 8 KiB.)"""
+    from evals.classifiers import ModelClassifier
+    from serving.runtime.encoder import ModelSpec
+
+    base = build_tiny_model(tmp_path / "base", seed=31)
+    labels = tuple(f"label-{i:03d}" for i in range(160))
+    head = build_tiny_head(base, tmp_path / "head", labels=labels, seed=32, lora=False)
+    task = unique_task("wide-classify")
+    declare_suite(fleet.reg, f"{task}-suite", kind="classification")
+    placement = register_served_task(
+        fleet.reg, task, base, pinned=True, adapter_dir=head, suite=f"{task}-suite"
+    )
+    fleet.serving(task, placement.epoch)
+    texts = limit_texts()
+    response = httpx.post(
+        f"{fleet.gateway_url}/v1/tasks/{task}",
+        content=msgpack.packb({"inputs": texts}, use_bin_type=True),
+        headers={"Content-Type": "application/msgpack", "X-Taskfleet-Timeout-Ms": "180000"},
+        timeout=200,
+    )
+    assert response.status_code == 200, (response.text, fleet.logs())
+    answer = msgpack.unpackb(response.content)
+    assert answer["labels"] == list(labels) and answer["count"] == len(texts)
+    got = np.frombuffer(answer["probabilities"], dtype="<f4").reshape(len(texts), len(labels))
+    expected = ModelClassifier(ModelSpec(base, head)).classifier().predict_proba(texts)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    offloads = f'taskfleet_sidecar_reply_offloads_total{{task="{task}"}} 1'
+    assert offloads in fleet.sidecar_metrics()

@@ -183,6 +183,15 @@ def messages() -> dict[str, Any]:
             labels=AREA_LABELS,
             probabilities=p.floats_to_bytes(PROBABILITIES_2X3),
         ),
+        # 2048 texts x 160 labels would not fit max_payload: the probabilities by reference.
+        "reply_classify_ref": p.ClassifyReplyOk(
+            request_id="01J9ZK3T4T",
+            model_key="minilm+area@51be",
+            epoch=2,
+            count=2048,
+            labels=AREA_LABELS,
+            probabilities=p.PayloadRef(ref="reply-01J9ZK3T4T"),
+        ),
         "reply_ok": p.ReplyOk(
             request_id="01J9ZK3T4Q",
             model_key="minilm+legal-de@3f2a",

@@ -126,10 +126,17 @@ impl Settler {
     /// Moves the embeddings of a too-large reply to the object store under
     /// `reply-<request id>`; the gateway reads and deletes the object.
     async fn offload(&self, envelope: &Envelope, reply: ReplyMessage) -> Result<ReplyMessage> {
-        let ReplyMessage::Ok(mut ok) = reply else {
-            return Err(Error::Protocol("an error reply above max_payload".into()));
+        let mut reply = reply;
+        // Embeddings, scores or probabilities: every ok reply has one float32 field.
+        let data = match &mut reply {
+            ReplyMessage::Ok(ok) => &mut ok.embeddings,
+            ReplyMessage::Score(ok) => &mut ok.scores,
+            ReplyMessage::Classify(ok) => &mut ok.probabilities,
+            ReplyMessage::Error(_) => {
+                return Err(Error::Protocol("an error reply above max_payload".into()));
+            }
         };
-        let EmbeddingsData::Bytes(data) = &ok.embeddings else {
+        let EmbeddingsData::Bytes(bytes) = &*data else {
             return Err(Error::Protocol(
                 "reply too large even with a reference".into(),
             ));
@@ -137,12 +144,12 @@ impl Settler {
         let key = format!("reply-{}", envelope.request_id);
         let store = self.payloads.store().await?;
         store
-            .put(key.as_str(), &mut data.as_slice())
+            .put(key.as_str(), &mut bytes.as_slice())
             .await
             .map_err(Error::nats(format!("put reply object {key}")))?;
         metrics().reply_offloads.inc(&[&self.task]);
-        ok.embeddings = EmbeddingsData::Ref(PayloadRef { key });
-        Ok(ReplyMessage::Ok(ok))
+        *data = EmbeddingsData::Ref(PayloadRef { key });
+        Ok(reply)
     }
 
     async fn ack(&self, envelope: &Envelope, kind: AckKind) {
