@@ -28,8 +28,8 @@ from registry.api import create_app
 from registry.models import CandidateRow, PlacementRow, TaskRow
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
-from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, WEAK, report, seed_fleet
 from tests.suite_fixture import add_task
+from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, WEAK, report, seed_fleet
 
 CHROMIUM = "/usr/bin/chromium"
 # The committed screenshots are refreshed only on request (TASKFLEET_SCREENSHOTS=1), so a
