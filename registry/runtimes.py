@@ -12,15 +12,22 @@ from __future__ import annotations
 from registry.errors import InvalidInput
 
 DEFAULT_RUNTIME = "torch"
-# kind -> capabilities (protocol names)
+# kind -> capabilities (protocol names). Only the torch runtime scores (query, passage) pairs
+# and classifies: candle and http embed only (their backends answer score/classify with
+# UNKNOWN_OP).
 RUNTIME_CAPABILITIES: dict[str, frozenset[str]] = {
-    "torch": frozenset({"embed", "lora"}),
+    "torch": frozenset({"embed", "lora", "score", "classify"}),
     "candle": frozenset({"embed", "lora"}),
     "http": frozenset({"embed"}),
 }
 RUNTIME_KINDS: tuple[str, ...] = tuple(RUNTIME_CAPABILITIES)
-# The op each task kind needs of a runtime.
-TASK_KIND_NEEDS: dict[str, str] = {"retrieval": "embed"}
+# The op each task kind needs of a runtime (a rerank task is served by `score` even when its
+# candidate is a bi-encoder: the runtime computes the cosine).
+TASK_KIND_NEEDS: dict[str, str] = {
+    "retrieval": "embed",
+    "rerank": "score",
+    "classification": "classify",
+}
 
 
 def check_runtime_kinds(kinds: list[str]) -> list[str]:

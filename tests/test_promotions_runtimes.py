@@ -12,12 +12,13 @@ from registry import Conflict, InvalidInput, Registry
 from registry.entities import TrainingRecord
 from registry.promotions import RUNTIME_TOLERANCE, PromotionRequired, PromotionRuleNotMet
 from tests.evalrun_fixture import record_run as record
+from tests.suite_fixture import add_task, declare_suite
 from tests.test_registry import make_model_dir
 
 
 @pytest.fixture
 def fleet(registry: Registry, tmp_path: Path) -> Registry:
-    registry.add_task("legal", suite="suite", margin=0.01)
+    add_task(registry, "legal", suite="suite", margin=0.01)
     registry.add_model(
         "a", path=make_model_dir(tmp_path / "a", b"a"), runtime_kinds=["torch", "candle", "http"]
     )
@@ -119,7 +120,7 @@ def test_model_runtimes_are_validated_and_audited(fleet: Registry) -> None:
 
 
 def test_auto_promotion_never_switches_runtimes(fleet: Registry) -> None:
-    fleet.add_task("auto", suite="suite", auto_promote=True)
+    add_task(fleet, "auto", suite="suite", auto_promote=True)
     fleet.add_candidate("auto", base="a")
     record(fleet, "auto", "a", 0.3, runtime="torch")  # recording runs the auto-promotion
     assert [p.runtime for p in fleet.list_promotions("auto")] == ["torch"]
@@ -128,3 +129,51 @@ def test_auto_promotion_never_switches_runtimes(fleet: Registry) -> None:
     assert [p.runtime for p in fleet.list_promotions("auto")] == ["torch"]
     placement = fleet.current_placement("auto")
     assert placement is not None and placement.runtime == "torch"
+
+
+def head_adapter(fleet: Registry, tmp_path: Path, name: str, head: str) -> str:
+    """An adapter on base "a" carrying a task head of ``head`` kind (score or classify)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    (folder / "head.json").write_text(f'{{"kind": "{head}"}}')
+    fleet.register_adapter(
+        name, base="a", source_dir=folder, training=TrainingRecord("1" * 64, "dev", {}, 1, "test")
+    )
+    return name
+
+
+@pytest.mark.parametrize("runtime", ["candle", "http"])
+def test_rerank_and_classification_need_a_runtime_that_scores_and_classifies(
+    fleet: Registry, tmp_path: Path, runtime: str
+) -> None:
+    """Candle and http embed only: a rerank or classification candidate is never promoted or
+    evaluated onto them, admins included; torch serves both."""
+    admin = fleet.as_actor("root", ["admin"])
+    declare_suite(fleet, "pairs", kind="rerank")
+    declare_suite(fleet, "areas", kind="classification")
+    add_task(fleet, "rank", suite="pairs")
+    add_task(fleet, "area", suite="areas")
+    fleet.add_candidate("rank", base="a", name="bi", kind="embedding")  # cosine = score
+    fleet.add_candidate("rank", adapter=head_adapter(fleet, tmp_path, "ce", "score"), name="cross")
+    fleet.add_candidate(
+        "area", adapter=head_adapter(fleet, tmp_path, "clf", "classify"), name="clf"
+    )
+    for task, candidate, op in (
+        ("rank", "bi", "score"),
+        ("rank", "cross", "score"),
+        ("area", "clf", "classify"),
+    ):
+        kind = fleet.get_task(task).kind
+        check = fleet.check_promotion(task, candidate, runtime)
+        assert not check.passes
+        assert f"the {runtime} runtime cannot" in check.reason, check.reason
+        with pytest.raises(InvalidInput, match=f"cannot promote {candidate!r} on {runtime}") as exc:
+            admin.promote(task, candidate, runtime=runtime, override=True, reason="try")
+        if candidate == "bi":
+            assert f"cannot serve {kind} tasks (no {op!r})" in str(exc.value)
+        assert fleet.current_placement(task) is None
+    # torch can: the first champion of each task is placed on it.
+    for task, candidate in (("rank", "bi"), ("area", "clf")):
+        done = admin.promote(task, candidate, runtime="torch", override=True, reason="first")
+        assert done.runtime == "torch"

@@ -425,4 +425,54 @@ mod tests {
         };
         assert!(matches!(HttpRuntime::new(zero), Err(Error::Config(_))));
     }
+
+    /// An embedding engine cannot score pairs or classify: the trait's default answers, before
+    /// any request reaches the engine (nothing listens on the URL).
+    #[tokio::test]
+    async fn score_and_classify_are_unknown_ops() {
+        let backend = HttpRuntime::new(HttpConfig {
+            base_url: "http://127.0.0.1:9".into(),
+            model: Some("m".into()),
+            api_key: None,
+            max_concurrency: 1,
+            max_batch: 1,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+        })
+        .unwrap();
+        let score = backend
+            .score(
+                "b".into(),
+                vec![crate::protocol::ScoreItem {
+                    model_key: "m".into(),
+                    query: "q".into(),
+                    passages: vec!["p".into()],
+                }],
+                None,
+            )
+            .await;
+        let classify = backend
+            .classify(
+                "b".into(),
+                vec![crate::protocol::ClassifyItem {
+                    model_key: "m".into(),
+                    texts: vec!["t".into()],
+                }],
+                None,
+            )
+            .await;
+        for (result, op) in [
+            (score.map(|_| ()), "score"),
+            (classify.map(|_| ()), "classify"),
+        ] {
+            match result {
+                Err(Error::Runtime(body)) => {
+                    assert_eq!(body.code, "UNKNOWN_OP");
+                    assert!(!body.retryable);
+                    assert!(body.message.contains(&format!("http runtime cannot {op}")));
+                }
+                other => panic!("expected UNKNOWN_OP for {op}, got {other:?}"),
+            }
+        }
+    }
 }
