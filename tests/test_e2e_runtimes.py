@@ -20,6 +20,7 @@ from serving.client import Client
 from tests.evalrun_fixture import record_run
 from tests.fleet_fixture import LocalFleet, free_port, wait_until
 from tests.nats_fixture import unique_task
+from tests.suite_fixture import add_task
 from tests.test_runtime_candle import TEXTS, sentence_transformers
 
 
@@ -46,7 +47,7 @@ def serving_workers(fleet: LocalFleet, task: str) -> dict[str, list[str]]:
 def test_placement_runtime_picks_the_workers(fleet: LocalFleet, tiny_model_path: Path) -> None:
     reg = fleet.reg
     task = unique_task("rt")
-    reg.add_task(task, suite="legal-suite")
+    add_task(reg, task, suite="legal-suite")
     reg.add_model(f"m-{task}", path=tiny_model_path, runtime_kinds=["torch", "candle"])
     candidate = reg.add_candidate(task, base=f"m-{task}").name
     record_run(reg, task, candidate, 0.3, runtime="candle")
@@ -162,7 +163,7 @@ def test_up_serves_a_task_from_candle_workers_alone(tmp_path: Path, tiny_model_p
     home = tmp_path / "home"
     task = unique_task("upcandle")
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
-    reg.add_task(task, suite="s")
+    add_task(reg, task, suite="s")
     reg.add_model("tiny", path=tiny_model_path, runtime_kinds=["torch", "candle"])
     candidate = reg.add_candidate(task, base="tiny").name
     placed = reg.promote(

@@ -36,6 +36,7 @@ from tests.gateway_fixture import (
     wait_ready,
 )
 from tests.nats_fixture import running_nats
+from tests.suite_fixture import add_task, declare_suite
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,3 +220,47 @@ def test_a_registry_is_not_what_the_gateway_reads() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_gateway_routes_by_the_kind_the_directory_publishes(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A task's kind comes from KV `directory`, never from the database: with the registry
+    closed and its file gone, a rerank and a classification task take their own bodies and
+    stock endpoints, and another kind's endpoint names the right one."""
+    registry = open_registry(tmp_path)
+    declare_suite(registry, "pairs", kind="rerank")
+    declare_suite(registry, "areas", kind="classification")
+    add_task(registry, "rank-task", suite="pairs")
+    add_task(registry, "area-task", suite="areas")
+    loop = BackgroundLoop()
+    settings = GatewaySettings(require_auth=False, workers_refresh_s=0)
+    try:
+        with serve_app(create_gateway(nats_server.url, settings)) as url:
+            wait_ready(url)
+            sync_gateway(url, registry, nats_server.url, loop)
+            registry.close()
+            (tmp_path / "r.db").unlink()
+
+            def post(path: str, body: dict[str, object]) -> tuple[int, str, str]:
+                response = httpx.post(f"{url}{path}", json=body, timeout=30)
+                error = response.json()["error"]
+                return response.status_code, error["code"], error["message"]
+
+            rerank = {"query": "frage", "documents": ["a", "b"]}
+            # The body of the task's kind passes; the task is known but not placed yet.
+            placed_later = (503, "NOT_PLACED")
+            assert post("/v1/tasks/rank-task", rerank)[:2] == placed_later
+            assert post("/v1/rerank", {"model": "rank-task", **rerank})[:2] == placed_later
+            assert post("/v2/rerank", {"model": "rank-task", **rerank})[:2] == placed_later
+            assert post("/v1/tasks/area-task", {"inputs": ["x"]})[:2] == placed_later
+            assert post("/v1/classify", {"model": "area-task", "input": "x"})[:2] == placed_later
+            # A body or endpoint of another kind: one 400 before anything is queued.
+            assert post("/v1/tasks/rank-task", {"inputs": ["x"]})[:2] == (400, "BAD_REQUEST")
+            status, code, message = post("/v1/embeddings", {"model": "rank-task", "input": "x"})
+            assert (status, code) == (400, "BAD_REQUEST") and "/v1/rerank" in message
+            status, code, message = post("/v1/rerank", {"model": "area-task", **rerank})
+            assert (status, code) == (400, "BAD_REQUEST") and "/v1/classify" in message
+            assert post("/v1/classify", {"model": "nope", "input": "x"})[:2] == (404, "NOT_FOUND")
+    finally:
+        loop.close()

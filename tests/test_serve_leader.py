@@ -32,6 +32,7 @@ from serving.nats_layout import LEADER_BUCKET, LEADER_TTL_S, PLACEMENTS_BUCKET, 
 from serving.placements import decode_placement
 from tests.fleet_fixture import wait_until
 from tests.nats_fixture import running_nats, unique_task
+from tests.suite_fixture import add_task
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,7 +97,7 @@ def _seed(home: Path, tmp: Path, task: str) -> str:
     folder = tmp / "model"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text('{"hidden_size": 4}')
-    reg.add_task(task, suite="s")
+    add_task(reg, task, suite="s")
     reg.add_model("m", path=folder)
     reg.add_candidate(task, base="m")
     _, token = reg.create_api_key("lead", roles=["admin"])
