@@ -34,6 +34,8 @@ DLQ_SUBJECT_PREFIX = "dlq."
 PLACEMENTS_BUCKET = "placements"
 WORKERS_BUCKET = "workers"
 PAYLOADS_BUCKET = "payloads"
+# Base models and adapters by content (serving/artifacts.py): kept until deleted, no TTL.
+ARTIFACTS_BUCKET = "artifacts"
 # The control planes' leader lock (serving/leader.py) and what the leader publishes for gateways
 # (serving/directory.py): tasks and API-key digests, so no gateway reads the database.
 LEADER_BUCKET = "leader"
@@ -80,6 +82,7 @@ class Layout:
     placements: KeyValue
     workers: KeyValue
     payloads: ObjectStore
+    artifacts: ObjectStore
     leader: KeyValue
     directory: KeyValue
 
@@ -188,12 +191,14 @@ async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         return await js.key_value(config.bucket)
 
 
-async def _ensure_object_store(js: JetStreamContext, bucket: str, replicas: int) -> ObjectStore:
+async def _ensure_object_store(
+    js: JetStreamContext, bucket: str, replicas: int, ttl: float | None
+) -> ObjectStore:
     try:
         return await js.object_store(bucket)
     except BucketNotFoundError:
         pass
-    config = ObjectStoreConfig(ttl=PAYLOADS_TTL_S, storage=StorageType.FILE, replicas=replicas)
+    config = ObjectStoreConfig(ttl=ttl, storage=StorageType.FILE, replicas=replicas)
     try:
         return await js.create_object_store(bucket, config)
     except BadRequestError:
@@ -247,7 +252,8 @@ async def ensure_layout(
 
     placements = await _ensure_kv(js, kv(PLACEMENTS_BUCKET, PLACEMENTS_HISTORY))
     workers = await _ensure_kv(js, kv(WORKERS_BUCKET, 1, WORKERS_TTL_S))
-    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET, r)
+    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET, r, PAYLOADS_TTL_S)
+    artifacts = await _ensure_object_store(js, ARTIFACTS_BUCKET, r, None)
     leader = await _ensure_kv(js, kv(LEADER_BUCKET, 1, LEADER_TTL_S))
     directory = await _ensure_kv(js, kv(DIRECTORY_BUCKET, 1))
     for task in tasks:
@@ -256,6 +262,7 @@ async def ensure_layout(
         placements=placements,
         workers=workers,
         payloads=payloads,
+        artifacts=artifacts,
         leader=leader,
         directory=directory,
     )

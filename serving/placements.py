@@ -14,16 +14,19 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 
 from registry import Registry, RegistryError
 from registry import entities as e
 from serving import protocol as p
+from serving.artifacts import ArtifactMismatch, upload
 from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout
@@ -57,8 +60,17 @@ def memory_estimate(base: e.BaseModel, adapter: e.Adapter | None) -> int:
     return base.size_bytes + (adapter.size_bytes if adapter else 0)
 
 
-def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementValue:
-    """The KV value of docs/protocol.md for a registry placement."""
+@dataclass(frozen=True)
+class Folders:
+    """Where the control plane reads the weights it uploads for a placement."""
+
+    base: tuple[Path, str]
+    adapter: tuple[Path, str] | None
+
+
+def placement_value(registry: Registry, placement: e.Placement) -> tuple[p.PlacementValue, Folders]:
+    """The KV value of docs/protocol.md for a registry placement, and the folders behind
+    its artifacts (uploaded before the value is published)."""
     try:
         check_task_name(placement.task)
     except ValueError as exc:
@@ -82,13 +94,13 @@ def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementVa
             max_seq_length = read_spec(adapter_path).max_seq_length or max_seq_length
         except HeadError as exc:
             raise PlacementError(str(exc)) from None
-    return p.PlacementValue(
+    value = p.PlacementValue(
         task=placement.task,
         epoch=placement.epoch,
         candidate=placement.candidate,
         model_key=model_key(base, adapter),
-        base_path=str(base_path.resolve()),
-        adapter_path=str(adapter_path.resolve()) if adapter_path else None,
+        base=p.Artifact(sha256=base.sha256, size=base.size_bytes),
+        adapter=p.Artifact(sha256=adapter.sha256, size=adapter.size_bytes) if adapter else None,
         query_prefix=base.query_prefix,
         passage_prefix=base.passage_prefix,
         max_seq_length=max_seq_length,
@@ -97,6 +109,21 @@ def placement_value(registry: Registry, placement: e.Placement) -> p.PlacementVa
         memory_bytes=memory_estimate(base, adapter),
         runtime=placement.runtime,
     )
+    folders = Folders(
+        base=(base_path, base.sha256),
+        adapter=(adapter_path, adapter.sha256) if adapter and adapter_path else None,
+    )
+    return value, folders
+
+
+async def upload_artifacts(store: ObjectStore, folders: Folders) -> None:
+    """Every artifact of a placement into the object store, before the placement is published:
+    a worker that reads the placement finds what it names."""
+    for folder, sha256 in filter(None, (folders.base, folders.adapter)):
+        try:
+            await upload(store, folder, sha256)
+        except (ArtifactMismatch, OSError) as exc:
+            raise PlacementError(str(exc)) from None
 
 
 def decode_placement(data: bytes) -> p.PlacementValue:
@@ -138,14 +165,18 @@ class PublishResult:
     failed: list[tuple[str, int, str]]
 
 
-async def publish_pending(registry: Registry, kv: KeyValue) -> PublishResult:
-    """One pass over the outbox. NATS errors propagate (the caller backs off and retries);
-    a placement that can never be published is reported and retried on the next pass."""
+async def publish_pending(
+    registry: Registry, kv: KeyValue, artifacts: ObjectStore
+) -> PublishResult:
+    """One pass over the outbox: upload each placement's artifacts, then publish it. NATS
+    errors propagate (the caller backs off and retries); a placement that can never be
+    published is reported and retried on the next pass."""
     result = PublishResult([], [])
     pending = await asyncio.to_thread(registry.unpublished_placements)
     for placement in pending:
         try:
-            value = await asyncio.to_thread(placement_value, registry, placement)
+            value, folders = await asyncio.to_thread(placement_value, registry, placement)
+            await upload_artifacts(artifacts, folders)
         except (PlacementError, RegistryError) as exc:
             result.failed.append((placement.task, placement.epoch, str(exc)))
             continue
@@ -161,7 +192,7 @@ async def publish_everything(
     """One full pass of what a leading control plane publishes: the placement outbox and the
     whole directory (read back from NATS and corrected; see ``publish_directory``)."""
     layout = await ensure_layout(js)
-    result = await publish_pending(registry, layout.placements)
+    result = await publish_pending(registry, layout.placements, layout.artifacts)
     desired = await asyncio.to_thread(desired_entries, registry)
     await publish_directory(js, layout.directory, desired, None, prune=prune)
     return result
@@ -208,7 +239,11 @@ class PlacementPublisher:
                     layout = await ensure_layout(js)
                     known: dict[str, bytes] | None = None  # read afresh after every failure
                     while not self._stop.is_set():
-                        self._log(await publish_pending(self.registry, layout.placements))
+                        self._log(
+                            await publish_pending(
+                                self.registry, layout.placements, layout.artifacts
+                            )
+                        )
                         if self.directory:
                             desired = await asyncio.to_thread(desired_entries, self.registry)
                             known = await publish_directory(js, layout.directory, desired, known)

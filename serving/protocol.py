@@ -490,6 +490,41 @@ class ReplyError:
     error: ErrorInfo
 
 
+ARTIFACT_FORMAT = "tree-v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Artifact:
+    """A folder of files named by content: ``sha256`` is the registry's fingerprint (sha256
+    over "relative path NUL file sha256 LF" of every file, in path order), ``size`` the sum of
+    the file sizes, ``format`` how it travels (``tree-v1``: a manifest plus one object per file
+    in the object store ``artifacts``)."""
+
+    sha256: str
+    size: int
+    format: str = ARTIFACT_FORMAT
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManifestFile:
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactManifest:
+    """Object ``tree.<sha256>`` of bucket ``artifacts``: the files of one artifact, in path
+    order; each file's bytes are object ``file.<file sha256>`` (shared by every artifact that
+    holds the same file)."""
+
+    v: Literal[1] = 1
+    format: str = ARTIFACT_FORMAT
+    sha256: str
+    size: int
+    files: list[ManifestFile]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlacementValue:
     v: Literal[1] = 1
@@ -497,8 +532,10 @@ class PlacementValue:
     epoch: int
     candidate: str
     model_key: str
-    base_path: str
-    adapter_path: str | None
+    # The weights by content: a worker fetches what its cache lacks from the object store
+    # `artifacts` and loads only what hashes to these digests (serving/artifacts.py).
+    base: Artifact
+    adapter: Artifact | None
     query_prefix: str
     passage_prefix: str
     max_seq_length: int | None

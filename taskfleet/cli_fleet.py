@@ -105,14 +105,19 @@ def placement_set(
 ) -> None:
     """Change how the champion of TASK is served (a new epoch), then publish it if NATS is up."""
     from serving.nats_layout import ensure_layout
-    from serving.placements import PlacementError, placement_value, put_placement
+    from serving.placements import (
+        PlacementError,
+        placement_value,
+        put_placement,
+        upload_artifacts,
+    )
 
     reg = open_registry()
     placement = reg.update_placement(
         task, pinned=pinned, replicas=replicas, candidate=candidate, reason=reason
     )
     try:
-        value = placement_value(reg, placement)
+        value, folders = placement_value(reg, placement)
     except PlacementError as exc:
         raise _fail(
             f"placement {task}@{placement.epoch} recorded but cannot be served: {exc}"
@@ -125,8 +130,9 @@ def placement_set(
     url = nats_target_or_none()
 
     async def publish(nc: NATS) -> None:
-        kv = (await ensure_layout(nc.jetstream())).placements
-        await put_placement(kv, value)
+        layout = await ensure_layout(nc.jetstream())
+        await upload_artifacts(layout.artifacts, folders)
+        await put_placement(layout.placements, value)
 
     try:
         if url is None:
@@ -266,7 +272,8 @@ def worker(
     cache_dir: Path = typer.Option(
         ...,
         "--cache-dir",
-        help="This worker's own folder: the runtime socket and logs live here.",
+        help="This worker's own folder: the runtime socket, and under artifacts/ the models "
+        "and adapters it fetched from NATS (by sha256, verified; kept across restarts).",
     ),
     runtime: str = typer.Option("torch", "--runtime", help="torch, candle or http."),
     worker_id: str | None = typer.Option(None, "--worker-id", help="Default: <host>-<pid>."),
@@ -304,6 +311,7 @@ def worker(
         raise _fail(str(exc)) from None
     command = [str(binary), *nats.sidecar_args(), *flags]
     command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
+    command += ["--artifact-cache", str(cache_dir / "artifacts")]
     if worker_id:
         command += ["--worker-id", worker_id]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **nats.sidecar_env()}

@@ -144,6 +144,9 @@ class SidecarProcess:
     # from `runtime_args`).
     runtime: str = "torch"
     runtime_flags: list[str] = field(default_factory=list)
+    # Where fetched models and adapters are kept by sha256; default <run_dir>/artifacts (shared
+    # by the workers of one `up`: a fetch lands there by an atomic rename).
+    artifact_cache: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -172,6 +175,7 @@ class SidecarProcess:
             "--worker-id", self.worker_id,
             *runtime,
             "--memory-budget-bytes", str(self.memory_budget_bytes),
+            "--artifact-cache", str(self.artifact_cache or self.run_dir / "artifacts"),
             *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
             *self.extra_args,
         ]  # fmt: skip

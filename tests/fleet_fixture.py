@@ -113,13 +113,17 @@ class LocalFleet:
         sidecar_args: list[str] | None = None,
         runtimes: list[str] | None = None,
         nats_nodes: int = 1,
+        separate_caches: bool = False,
     ) -> None:
-        """``runtimes``: the runtime of each worker (default: all torch)."""
+        """``runtimes``: the runtime of each worker (default: all torch). ``separate_caches``:
+        each worker its own artifact cache (``cache<i>``), as on separate machines; else one
+        shared cache, as `taskfleet up` has."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
         self.nats_nodes = nats_nodes
         self.memory_budget_bytes = memory_budget_bytes
+        self.separate_caches = separate_caches
         self.sidecar_args = sidecar_args or [
             "--heartbeat-ms", "300",
             "--nak-delay-ms", "200",
@@ -175,6 +179,7 @@ class LocalFleet:
                 env={"RUST_LOG": "info,async_nats=warn"},
                 runtime=runtime,
                 runtime_flags=runtime_args(runtime) if runtime != "torch" else [],
+                artifact_cache=self.root / f"cache{i}" if self.separate_caches else None,
             )
             sidecar.start()
             self.sidecars.append(sidecar)

@@ -67,15 +67,16 @@ def test_placement_value_names_weights_by_content(
     placement = register_served_task(
         sqlite_registry, task, tiny_model_path, adapter_dir=adapter_dir, pinned=True
     )
-    value = placement_value(sqlite_registry, placement)
+    value, folders = placement_value(sqlite_registry, placement)
     base = sqlite_registry.get_model(f"m-{task}")
     adapter = sqlite_registry.get_adapter(f"a-{task}")
     assert value.model_key == f"{base.name}-{base.sha256[:12]}+{adapter.name}-{adapter.sha256[:12]}"
     assert value.model_key == model_key(base, adapter)
-    assert value.base_path == str(tiny_model_path.resolve())
-    assert (
-        value.adapter_path is not None and Path(value.adapter_path, "adapter_config.json").is_file()
-    )
+    assert value.base == p.Artifact(sha256=base.sha256, size=base.size_bytes)
+    assert value.adapter == p.Artifact(sha256=adapter.sha256, size=adapter.size_bytes)
+    assert folders.base == (tiny_model_path, base.sha256)
+    assert folders.adapter is not None
+    assert Path(folders.adapter[0], "adapter_config.json").is_file()
     assert value.memory_bytes == base.size_bytes + adapter.size_bytes > 0
     assert (value.epoch, value.pinned, value.replicas, value.task) == (1, True, 1, task)
     # Round trip through the wire encoding the sidecar reads.
@@ -92,20 +93,21 @@ def test_publisher_publishes_outbox_and_never_overwrites_newer_epoch(
     async def scenario() -> None:
         nc = await nats.connect(nats_server.url)
         try:
-            kv = (await ensure_layout(nc.jetstream())).placements
+            layout = await ensure_layout(nc.jetstream())
+            kv = layout.placements
             # Another publisher already wrote epoch 7 for `stale`: ours (epoch 1) must not win.
             outbox = sqlite_registry.unpublished_placements()
-            newer = placement_value(sqlite_registry, next(x for x in outbox if x.task == stale))
+            newer, _ = placement_value(sqlite_registry, next(x for x in outbox if x.task == stale))
             newer = p.PlacementValue(**{**p.to_wire(newer), "epoch": 7})  # type: ignore[arg-type]
             await put_placement(kv, newer)
-            result = await publish_pending(sqlite_registry, kv)
+            result = await publish_pending(sqlite_registry, kv, layout.artifacts)
             assert sorted(result.published) == sorted([(fresh, 1), (stale, 1)])
             assert result.failed == []
             assert sqlite_registry.unpublished_placements() == []
             assert (await _kv_value(nats_server.url, fresh)).epoch == 1  # type: ignore[union-attr]
             assert (await _kv_value(nats_server.url, stale)).epoch == 7  # type: ignore[union-attr]
             # Nothing left: a second pass does nothing.
-            assert (await publish_pending(sqlite_registry, kv)).published == []
+            assert (await publish_pending(sqlite_registry, kv, layout.artifacts)).published == []
         finally:
             await nc.close()
 

@@ -191,8 +191,9 @@ placement_values = st.builds(
     epoch=st.integers(min_value=0, max_value=2**40),
     candidate=st.text(max_size=20),
     model_key=st.text(max_size=20),
-    base_path=st.text(max_size=20),
-    adapter_path=st.none() | st.text(max_size=20),
+    base=st.builds(p.Artifact, sha256=st.text(max_size=64), size=st.integers(0, 2**50)),
+    adapter=st.none()
+    | st.builds(p.Artifact, sha256=st.text(max_size=64), size=st.integers(0, 2**50)),
     query_prefix=st.text(max_size=10),
     passage_prefix=st.text(max_size=10),
     max_seq_length=st.none() | st.integers(min_value=0, max_value=2**20),

@@ -5,6 +5,7 @@ pub mod error;
 pub mod protocol;
 
 pub use error::{Error, Result};
+pub mod artifacts;
 pub mod heartbeat;
 pub mod metrics;
 pub mod nats;

@@ -10,6 +10,7 @@ use clap::Parser;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use taskfleet_sidecar::artifacts::ArtifactCache;
 use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
 use taskfleet_sidecar::metrics::{metrics, server as metrics_server};
 use taskfleet_sidecar::residency::Residency;
@@ -158,6 +159,16 @@ struct Cli {
     /// first) to stay under it. Pinned models always load.
     #[arg(long, env = "TASKFLEET_MEMORY_BUDGET_BYTES", default_value_t = 8 << 30)]
     memory_budget_bytes: u64,
+
+    /// Content-addressed cache of base models and adapters (`<dir>/sha256/<digest>`): what a
+    /// placement names and the cache lacks is fetched from the NATS object store `artifacts`
+    /// and verified before loading. Workers on one machine may share it; it survives restarts.
+    #[arg(
+        long,
+        env = "TASKFLEET_ARTIFACT_CACHE",
+        default_value = "taskfleet-artifacts"
+    )]
+    artifact_cache: PathBuf,
 
     /// Token budget of one batch (tokens estimated as characters / 4). The runtime sorts a
     /// batch by length and cuts it into its own compute batches, so a larger budget pads less:
@@ -370,10 +381,6 @@ async fn run(cli: Cli) -> Result<()> {
         Duration::from_millis(cli.runtime_start_timeout_ms),
         shutdown.child_token(),
     ));
-    let residency = Residency::new(runtime.clone(), cli.memory_budget_bytes);
-    let stop_work = CancellationToken::new();
-    tokio::spawn(residency.clone().follow_runtime(stop_work.clone()));
-
     let access = nats::Access {
         user: cli.nats_user.clone(),
         password: cli.nats_password.clone(),
@@ -386,6 +393,10 @@ async fn run(cli: Cli) -> Result<()> {
     let name = format!("taskfleet-sidecar {worker_id}");
     let client = nats::connect(&cli.nats_url, &name, &access).await?;
     let js = async_nats::jetstream::new(client.clone());
+    let cache = Arc::new(ArtifactCache::new(cli.artifact_cache.clone(), js.clone()));
+    let residency = Residency::new(runtime.clone(), cli.memory_budget_bytes, cache);
+    let stop_work = CancellationToken::new();
+    tokio::spawn(residency.clone().follow_runtime(stop_work.clone()));
     let heartbeat_every = Duration::from_millis(cli.heartbeat_ms);
     let buckets = until_ok("KV buckets", &signalled, || async {
         let placements = nats::placements_bucket(&js).await?;

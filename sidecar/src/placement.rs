@@ -115,8 +115,8 @@ fn validate(key: &str, placement: &Placement) -> Result<()> {
             placement.task
         )));
     }
-    if placement.model_key.is_empty() || placement.base_path.is_empty() {
-        return Err(Error::BadPayload("empty model_key or base_path".into()));
+    if placement.model_key.is_empty() || placement.base.sha256.is_empty() {
+        return Err(Error::BadPayload("empty model_key or base sha256".into()));
     }
     Ok(())
 }

@@ -493,8 +493,9 @@ pub struct Placement {
     pub epoch: u64,
     pub candidate: String,
     pub model_key: String,
-    pub base_path: String,
-    pub adapter_path: Option<String>,
+    /// The weights by content; fetched into the worker's cache (`artifacts.rs`) before loading.
+    pub base: ArtifactRef,
+    pub adapter: Option<ArtifactRef>,
     pub query_prefix: String,
     pub passage_prefix: String,
     pub max_seq_length: Option<u32>,
@@ -512,14 +513,37 @@ fn torch() -> String {
     "torch".into()
 }
 
+/// A folder of files by content (docs/protocol.md, "Artifacts").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactRef {
+    pub sha256: String,
+    pub size: u64,
+    pub format: String,
+}
+
 impl Placement {
-    /// The `load` request for this placement's model (id filled in by the client).
-    pub fn load_request(&self) -> LoadRequest {
+    /// The artifacts this placement's model needs, base first.
+    pub fn artifacts(&self) -> Vec<ArtifactRef> {
+        std::iter::once(self.base.clone())
+            .chain(self.adapter.clone())
+            .collect()
+    }
+
+    /// The `load` request for this placement's model (id filled in by the client), naming the
+    /// artifacts' folders in the cache at `cache` (`<cache>/sha256/<digest>`).
+    pub fn load_request(&self, cache: &std::path::Path) -> LoadRequest {
+        let folder = |a: &ArtifactRef| {
+            cache
+                .join("sha256")
+                .join(&a.sha256)
+                .to_string_lossy()
+                .into_owned()
+        };
         LoadRequest {
             id: 0,
             model_key: self.model_key.clone(),
-            base_path: self.base_path.clone(),
-            adapter_path: self.adapter_path.clone(),
+            base_path: folder(&self.base),
+            adapter_path: self.adapter.as_ref().map(folder),
             query_prefix: self.query_prefix.clone(),
             passage_prefix: self.passage_prefix.clone(),
             max_seq_length: self.max_seq_length,

@@ -200,8 +200,12 @@ fn absent_optionals_are_nil_not_omitted() {
         epoch: 1,
         candidate: "c".into(),
         model_key: "m".into(),
-        base_path: "/b".into(),
-        adapter_path: None,
+        base: ArtifactRef {
+            sha256: "b".repeat(64),
+            size: 1,
+            format: "tree-v1".into(),
+        },
+        adapter: None,
         query_prefix: String::new(),
         passage_prefix: String::new(),
         max_seq_length: None,
@@ -210,7 +214,7 @@ fn absent_optionals_are_nil_not_omitted() {
         memory_bytes: 0,
         runtime: "torch".into(),
     }
-    .load_request();
+    .load_request(std::path::Path::new("/cache"));
     load.id = 7;
     let value =
         rmpv::decode::read_value(&mut encode(&Request::Load(load)).unwrap().as_slice()).unwrap();

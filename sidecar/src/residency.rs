@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::ArtifactCache;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{ErrorBody, LoadRequest, Placement};
+use crate::protocol::{ArtifactRef, ErrorBody, LoadRequest, Placement};
 use crate::runtime::supervisor::Runtime;
 
 /// How soon a failed load may be tried again on demand.
@@ -35,6 +36,8 @@ enum Status {
 #[derive(Debug)]
 struct Model {
     request: LoadRequest,
+    /// Fetched into the cache and verified before every load.
+    artifacts: Vec<ArtifactRef>,
     estimate: u64,
     pinned: bool,
     status: Status,
@@ -54,6 +57,7 @@ struct State {
 
 pub struct Residency {
     runtime: Arc<Runtime>,
+    artifacts: Arc<ArtifactCache>,
     budget: u64,
     state: Mutex<State>,
     /// One load or eviction sequence at a time, so two loads never both count the same room.
@@ -82,9 +86,10 @@ impl Drop for InUse {
 }
 
 impl Residency {
-    pub fn new(runtime: Arc<Runtime>, budget: u64) -> Arc<Self> {
+    pub fn new(runtime: Arc<Runtime>, budget: u64, artifacts: Arc<ArtifactCache>) -> Arc<Self> {
         Arc::new(Self {
             runtime,
+            artifacts,
             budget,
             state: Mutex::new(State::default()),
             load_lock: tokio::sync::Mutex::new(()),
@@ -133,7 +138,8 @@ impl Residency {
         let key = placement.model_key.clone();
         let mut state = self.lock();
         let model = state.models.entry(key.clone()).or_insert_with(|| Model {
-            request: placement.load_request(),
+            request: placement.load_request(self.artifacts.dir()),
+            artifacts: placement.artifacts(),
             estimate: placement.memory_bytes,
             pinned: placement.pinned,
             status: Status::Loading,
@@ -226,6 +232,16 @@ impl Residency {
     }
 
     async fn load(self: Arc<Self>, key: String) {
+        // The weights first: fetched into the cache when missing, verified against the
+        // placement's digests; nothing else is ever loaded.
+        let wanted = self.lock().models.get(&key).map(|m| m.artifacts.clone());
+        for artifact in wanted.unwrap_or_default() {
+            if let Err(e) = self.artifacts.ensure(&artifact).await {
+                self.finish_load(&key, Err(e));
+                self.notify();
+                return;
+            }
+        }
         loop {
             let connected = self.runtime.connected().await;
             let guard = self.load_lock.lock().await;

@@ -11,8 +11,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use common::{eventually, NatsServer};
+use taskfleet_sidecar::artifacts::ArtifactCache;
 use taskfleet_sidecar::heartbeat::Heartbeat;
-use taskfleet_sidecar::protocol::{self, Placement, WorkerHeartbeat};
+use taskfleet_sidecar::protocol::{self, ArtifactRef, Placement, WorkerHeartbeat};
 use taskfleet_sidecar::residency::Residency;
 use taskfleet_sidecar::runtime::supervisor::Runtime;
 use taskfleet_sidecar::{nats, placement};
@@ -24,8 +25,12 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         epoch,
         candidate: format!("cand-{epoch}"),
         model_key: model_key.into(),
-        base_path: "/models/base".into(),
-        adapter_path: None,
+        base: ArtifactRef {
+            sha256: "b".repeat(64),
+            size: 1000,
+            format: "tree-v1".into(),
+        },
+        adapter: None,
         query_prefix: String::new(),
         passage_prefix: String::new(),
         max_seq_length: Some(128),
@@ -54,7 +59,11 @@ async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
         worker_id: "w-test-1".into(),
         host: "test-host".into(),
         started_ms: 1,
-        residency: Residency::new(runtime.clone(), 12_345),
+        residency: Residency::new(
+            runtime.clone(),
+            12_345,
+            Arc::new(ArtifactCache::new("unused-cache".into(), js.clone())),
+        ),
         runtime,
         statuses: Arc::default(),
     });

@@ -1,0 +1,95 @@
+"""Artifacts by content: the control plane uploads base models and adapters into the NATS
+object store ``artifacts`` before it publishes a placement that names them; workers fetch what
+their cache lacks (``sidecar/src/artifacts.rs``) and load only what hashes to the placement's
+digest.
+
+Layout of the bucket (format ``tree-v1``, docs/protocol.md): object ``file.<sha256>`` holds one
+file's bytes (shared by every artifact with that file: adapters of one base share nothing big,
+re-registered models share everything); object ``tree.<sha256>`` is the msgpack manifest of one
+artifact (relative path, sha256 and size per file). The manifest is written last, so its
+presence means every file it names is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from nats.js.errors import NotFoundError
+from nats.js.object_store import ObjectStore
+
+from registry.fingerprint import file_sha256, tree_files, tree_sha256
+from serving import protocol as p
+
+log = logging.getLogger("taskfleet.artifacts")
+
+
+class ArtifactMismatch(RuntimeError):
+    """A folder no longer hashes to the digest the registry recorded for it."""
+
+
+def manifest_object(sha256: str) -> str:
+    return f"tree.{sha256}"
+
+
+def file_object(sha256: str) -> str:
+    return f"file.{sha256}"
+
+
+def build_manifest(root: Path, expected_sha256: str) -> p.ArtifactManifest:
+    """The manifest of ``root``, checked against the digest the registry holds for it."""
+    files = tree_files(root)
+    entries = [
+        p.ManifestFile(
+            path=path.relative_to(root).as_posix(),
+            sha256=file_sha256(path),
+            size=path.stat().st_size,
+        )
+        for path in files
+    ]
+    digest = tree_sha256(root)
+    if digest.sha256 != expected_sha256:
+        raise ArtifactMismatch(
+            f"{root} hashes to {digest.sha256[:12]}, not to the registered "
+            f"{expected_sha256[:12]}: the folder changed since it was registered"
+        )
+    return p.ArtifactManifest(sha256=digest.sha256, size=digest.size_bytes, files=entries)
+
+
+async def _exists(store: ObjectStore, name: str) -> bool:
+    try:
+        info = await store.get_info(name)
+    except NotFoundError:
+        return False
+    return not info.deleted
+
+
+@dataclass
+class Uploaded:
+    artifact: p.Artifact
+    files_sent: int
+    bytes_sent: int
+
+
+async def upload(store: ObjectStore, root: Path, sha256: str) -> Uploaded:
+    """Put the folder ``root`` (registered with digest ``sha256``) into the bucket, unless its
+    manifest is already there; files the bucket already holds are not sent again."""
+    if await _exists(store, manifest_object(sha256)):
+        data = (await store.get(manifest_object(sha256))).data or b""
+        manifest = p.from_wire(p.ArtifactManifest, p.unpack(data))
+        return Uploaded(p.Artifact(sha256=sha256, size=manifest.size), 0, 0)
+    manifest = await asyncio.to_thread(build_manifest, root, sha256)
+    sent = sent_bytes = 0
+    for entry in manifest.files:
+        name = file_object(entry.sha256)
+        if await _exists(store, name):
+            continue
+        with (root / entry.path).open("rb") as fh:
+            await store.put(name, fh)
+        sent += 1
+        sent_bytes += entry.size
+    await store.put(manifest_object(sha256), p.pack(manifest))
+    log.info("uploaded artifact %s: %d files, %d bytes sent", sha256[:12], sent, sent_bytes)
+    return Uploaded(p.Artifact(sha256=sha256, size=manifest.size), sent, sent_bytes)
