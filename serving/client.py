@@ -38,6 +38,7 @@ DEFAULT_RETRY_AFTER_S = 1.0
 # Statuses retried when the error says retryable.
 RETRY_STATUSES = frozenset({429, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
+MIN_EPOCH_HEADER = "X-Taskfleet-Min-Epoch"
 
 
 class TaskfleetError(Exception):
@@ -151,11 +152,18 @@ def _task_steps(
     timeout_ms: int | None,
     max_retries: int,
     parse: Callable[[httpx.Response, dict[str, Any]], R],
+    epochs: dict[str, int],
 ) -> Generator[_Step, httpx.Response | None, R]:
-    """The whole protocol of one call; yields requests to send and waits to make."""
+    """The whole protocol of one call; yields requests to send and waits to make.
+
+    ``epochs`` (per task, the newest placement epoch this client has had a reply from) is sent
+    as ``X-Taskfleet-Min-Epoch`` and raised by the reply: whichever gateway takes the next
+    call, no reply comes from an older epoch than one already seen."""
     request_headers = {**headers, "Content-Type": MSGPACK, "Accept": MSGPACK}
     if timeout_ms is not None:
         request_headers["X-Taskfleet-Timeout-Ms"] = str(timeout_ms)
+    if task in epochs:
+        request_headers[MIN_EPOCH_HEADER] = str(epochs[task])
     body = msgpack.packb(payload, use_bin_type=True)
     url = f"{base_url.rstrip('/')}/v1/tasks/{task}"
     attempt = 0
@@ -164,11 +172,14 @@ def _task_steps(
         assert response is not None
         if response.status_code == 200:
             try:
-                return parse(response, msgpack.unpackb(response.content, raw=False))
+                result = parse(response, msgpack.unpackb(response.content, raw=False))
             except Exception as exc:  # any malformation of the answer is one kind of failure
                 raise ServerError(
                     response.status_code, "BAD_RESPONSE", f"malformed gateway answer: {exc}"
                 ) from exc
+            epoch = getattr(result, "epoch", 0)
+            epochs[task] = max(epochs.get(task, 0), epoch)
+            return result
         error = _error_of(response)
         retry = response.status_code in RETRY_STATUSES and error.retryable
         if not retry or attempt >= max_retries:
@@ -261,6 +272,7 @@ class Client:
         self.base_url = base_url
         self.max_retries = max_retries
         self._headers = _auth_headers(api_key)
+        self._epochs: dict[str, int] = {}  # newest epoch replied per task
         self._http = http or httpx.Client(timeout=timeout_s)
 
     def _run(
@@ -271,7 +283,14 @@ class Client:
         parse: Callable[[httpx.Response, dict[str, Any]], R],
     ) -> R:
         steps = _task_steps(
-            self.base_url, self._headers, task, payload, timeout_ms, self.max_retries, parse
+            self.base_url,
+            self._headers,
+            task,
+            payload,
+            timeout_ms,
+            self.max_retries,
+            parse,
+            self._epochs,
         )
         reply: httpx.Response | None = None
         try:
@@ -343,6 +362,7 @@ class AsyncClient:
         self.base_url = base_url
         self.max_retries = max_retries
         self._headers = _auth_headers(api_key)
+        self._epochs: dict[str, int] = {}  # newest epoch replied per task
         self._http = http or httpx.AsyncClient(timeout=timeout_s)
 
     async def _run(
@@ -353,7 +373,14 @@ class AsyncClient:
         parse: Callable[[httpx.Response, dict[str, Any]], R],
     ) -> R:
         steps = _task_steps(
-            self.base_url, self._headers, task, payload, timeout_ms, self.max_retries, parse
+            self.base_url,
+            self._headers,
+            task,
+            payload,
+            timeout_ms,
+            self.max_retries,
+            parse,
+            self._epochs,
         )
         reply: httpx.Response | None = None
         try:

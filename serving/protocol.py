@@ -561,6 +561,9 @@ class WorkerHeartbeat:
     epochs: dict[str, int]
     # When the worker process started (unix ms); a new value under the same id is a restart.
     started_ms: int | None = None
+    # The runtime kind this worker serves (its pool), fixed for the process; replicas are
+    # chosen among the live workers of the placement's kind (sidecar/src/members.rs).
+    runtime_kind: str | None = None
 
 
 # --------------------------------------------------------------------------- embeddings

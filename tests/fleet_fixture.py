@@ -36,9 +36,11 @@ def register_served_task(
     pinned: bool = False,
     adapter_dir: Path | None = None,
     suite: str = "test-suite",
+    replicas: int | None = None,
 ) -> e.Placement:
     """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run).
-    The task takes its kind from ``suite`` (declared as a retrieval suite if it does not exist)."""
+    The task takes its kind from ``suite`` (declared as a retrieval suite if it does not exist);
+    ``replicas``: how many workers hold it (default 1, the registry's)."""
     from registry.entities import TrainingRecord
 
     add_task(registry, task, suite=suite)
@@ -64,7 +66,12 @@ def register_served_task(
         )
     candidate = registry.add_candidate(task, base=name, adapter=adapter)
     registry.promote(
-        task, candidate.name, override=True, reason="test fixture: no eval run", pinned=pinned
+        task,
+        candidate.name,
+        override=True,
+        reason="test fixture: no eval run",
+        pinned=pinned,
+        replicas=replicas,
     )
     placement = registry.current_placement(task)
     assert placement is not None
@@ -114,16 +121,21 @@ class LocalFleet:
         runtimes: list[str] | None = None,
         nats_nodes: int = 1,
         separate_caches: bool = False,
+        gateways: int = 1,
     ) -> None:
         """``runtimes``: the runtime of each worker (default: all torch). ``separate_caches``:
         each worker its own artifact cache (``cache<i>``), as on separate machines; else one
-        shared cache, as `taskfleet up` has."""
+        shared cache, as `taskfleet up` has. ``gateways``: how many gateways (each its own
+        uvicorn thread and NATS connection; ``gateway_urls``; ``gateway_url`` is the first)."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
         self.nats_nodes = nats_nodes
         self.memory_budget_bytes = memory_budget_bytes
         self.separate_caches = separate_caches
+        self.n_gateways = gateways
+        self.gateway_urls: list[str] = []
+        self._gateway_servers: list[uvicorn.Server] = []
         self.sidecar_args = sidecar_args or [
             "--heartbeat-ms", "300",
             "--nak-delay-ms", "200",
@@ -154,18 +166,22 @@ class LocalFleet:
         )
         asyncio.run(_ensure_layout(self.nats.url))
         self._start_control_loops()
-        port = free_port()
-        app = create_gateway(
-            self.nats.url,
-            GatewaySettings(require_auth=False, workers_refresh_s=0.2, retry_after_s=1),
-        )
-        self._gateway_server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        )
-        thread = threading.Thread(target=self._gateway_server.run, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        for _ in range(self.n_gateways):
+            port = free_port()
+            app = create_gateway(
+                self.nats.url,
+                GatewaySettings(require_auth=False, workers_refresh_s=0.2, retry_after_s=1),
+            )
+            server = uvicorn.Server(
+                uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+            )
+            thread = threading.Thread(target=server.run, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            self._gateway_servers.append(server)
+            self.gateway_urls.append(f"http://127.0.0.1:{port}")
+        self._gateway_server = self._gateway_servers[0]
+        self.gateway_url = self.gateway_urls[0]
         binary = find_sidecar_binary()
         for i, runtime in enumerate(self.runtimes):
             sidecar = SidecarProcess(
@@ -183,7 +199,7 @@ class LocalFleet:
             )
             sidecar.start()
             self.sidecars.append(sidecar)
-        wait_until(lambda: self._gateway_server is not None and self._gateway_server.started)
+        wait_until(lambda: all(g.started for g in self._gateway_servers))
         return self
 
     def _start_control_loops(self) -> None:
@@ -225,8 +241,8 @@ class LocalFleet:
     def stop(self) -> None:
         for sidecar in self.sidecars:
             sidecar.stop(timeout_s=10)
-        if self._gateway_server is not None:
-            self._gateway_server.should_exit = True
+        for server in self._gateway_servers:
+            server.should_exit = True
         if self._loop is not None:
             for control in self._loops:
                 self._loop.call_soon_threadsafe(control.stop)

@@ -46,7 +46,7 @@ async def _consumer(url: str, task: str) -> ConsumerInfo:
 
 def test_sigkill_of_a_sidecar_loses_no_request(fleet: LocalFleet, tiny_model_path: Path) -> None:
     task = unique_task("kill")
-    placement = register_served_task(fleet.reg, task, tiny_model_path, pinned=True)
+    placement = register_served_task(fleet.reg, task, tiny_model_path, pinned=True, replicas=2)
     try:
         fleet.serving(task, placement.epoch, workers=2)
     except AssertionError:
@@ -126,7 +126,7 @@ def test_nats_restart_gateway_and_sidecars_reconnect(
     fleet: LocalFleet, tiny_model_path: Path
 ) -> None:
     task = unique_task("restart")
-    placement = register_served_task(fleet.reg, task, tiny_model_path, pinned=True)
+    placement = register_served_task(fleet.reg, task, tiny_model_path, pinned=True, replicas=2)
     fleet.serving(task, placement.epoch, workers=2)
     expected = _in_process(tiny_model_path, ["vor dem neustart", "nach dem neustart"])
     with Client(fleet.gateway_url, max_retries=30) as client:

@@ -65,6 +65,7 @@ KIND_ENDPOINT = {
 LEGACY_KIND = "retrieval"
 HEADER_TIMEOUT = "X-Taskfleet-Timeout-Ms"
 HEADER_PRIORITY = "X-Taskfleet-Priority"
+HEADER_MIN_EPOCH = "X-Taskfleet-Min-Epoch"
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,11 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
 
     async def run(request: Request, task: str, parsed: TaskRequest) -> AnyReplyOk:
         return await dispatcher.submit(
-            task, parsed, timeout_s=request_timeout(request), priority=request_priority(request)
+            task,
+            parsed,
+            timeout_s=request_timeout(request),
+            priority=request_priority(request),
+            min_epoch=request_min_epoch(request),
         )
 
     async def stock_call(task: str, want: str, outcome: _Outcome, key: KeyRecord | None) -> None:
@@ -374,6 +379,18 @@ def request_priority(request: Request) -> int:
         return int(raw)
     except ValueError:
         raise BadRequest(f"{HEADER_PRIORITY} must be an integer; got {raw!r}") from None
+
+
+def request_min_epoch(request: Request) -> int:
+    """``X-Taskfleet-Min-Epoch``: the newest epoch the caller has had a reply from (0: none)."""
+    raw = request.headers.get(HEADER_MIN_EPOCH, "0")
+    try:
+        epoch = int(raw)
+    except ValueError:
+        epoch = -1
+    if epoch < 0:
+        raise BadRequest(f"{HEADER_MIN_EPOCH} must be an integer >= 0; got {raw!r}")
+    return epoch
 
 
 def served_by(reply: AnyReplyOk) -> dict[str, str]:

@@ -69,6 +69,8 @@ HEADER_REQUEST_ID = "Tf-Request-Id"
 HEADER_REPLY = "Tf-Reply"
 HEADER_DEADLINE = "Tf-Deadline"
 HEADER_PRIORITY = "Tf-Priority"
+# The oldest placement epoch a worker may answer from (sidecar/src/worker/batch.rs `fence`).
+HEADER_MIN_EPOCH = "Tf-Min-Epoch"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ class Dispatcher:
         self._connecting: asyncio.Task[None] | None = None
         self._pending: dict[str, asyncio.Future[AnyReplyOk | ReplyError]] = {}
         self._consumers: set[str] = set()
+        # Per task, the newest placement epoch a reply came from: every later request is
+        # stamped with it (Tf-Min-Epoch).
+        self._epochs: dict[str, int] = {}
         self._heartbeats: list[WorkerHeartbeat] = []
         self._heartbeats_at = -1e9
         self._heartbeats_lock = asyncio.Lock()
@@ -270,15 +275,25 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
 
     async def submit(
-        self, task: str, request: TaskRequest, *, timeout_s: float, priority: int
+        self,
+        task: str,
+        request: TaskRequest,
+        *,
+        timeout_s: float,
+        priority: int,
+        min_epoch: int = 0,
     ) -> AnyReplyOk:
         """Queue one request and wait for its reply until the deadline; raises GatewayError.
 
         The request's texts (inputs, or a rerank request's documents) move to the object store
-        when their msgpack array is above the inline limit."""
+        when their msgpack array is above the inline limit. The request is stamped with the
+        newest epoch that this gateway has answered the task from or that the caller says it
+        has seen (``min_epoch``): a worker still on an older epoch hands it back, so replies
+        never go back in epoch after a promotion."""
         js, layout = self._require_connection()
         request_id = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
+        fence = max(min_epoch, self._epochs.get(task, 0))
         headers = {
             HEADER_MSG_ID: request_id,
             HEADER_REQUEST_ID: request_id,
@@ -286,6 +301,8 @@ class Dispatcher:
             HEADER_DEADLINE: str(now_ms() + int(timeout_s * 1000)),
             HEADER_PRIORITY: str(priority),
         }
+        if fence > 0:
+            headers[HEADER_MIN_EPOCH] = str(fence)
         future: asyncio.Future[AnyReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
         serving = await self._incarnations(task)
         # Registered before publishing: a fast worker may answer before publish() returns.
@@ -331,6 +348,8 @@ class Dispatcher:
                 code="BAD_REPLY",
                 status=502,
             )
+        if reply.epoch > self._epochs.get(task, 0):
+            self._epochs[task] = reply.epoch
         return reply
 
     async def _deadline_error(

@@ -19,6 +19,8 @@ pub struct Heartbeat {
     pub host: String,
     /// When this process started (unix ms): tells a restart apart from a live worker.
     pub started_ms: u64,
+    /// The runtime kind this worker serves (see `WorkerHeartbeat::runtime_kind`).
+    pub runtime_kind: String,
     pub residency: Arc<Residency>,
     pub runtime: Arc<Runtime>,
     pub statuses: TaskStatuses,
@@ -46,6 +48,7 @@ impl Heartbeat {
             runtimes: self.runtime.runtimes(),
             epochs,
             started_ms: Some(self.started_ms),
+            runtime_kind: Some(self.runtime_kind.clone()),
         }
     }
 

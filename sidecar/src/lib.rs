@@ -7,6 +7,7 @@ pub mod protocol;
 pub use error::{Error, Result};
 pub mod artifacts;
 pub mod heartbeat;
+pub mod members;
 pub mod metrics;
 pub mod nats;
 pub mod placement;

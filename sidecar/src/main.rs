@@ -18,7 +18,7 @@ use taskfleet_sidecar::runtime::http::{HttpConfig, HttpRuntime};
 use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
 use taskfleet_sidecar::runtime::{serve, Backend};
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
-use taskfleet_sidecar::{nats, placement, Error, Result};
+use taskfleet_sidecar::{members, nats, placement, Error, Result};
 
 /// `--version` names the runtimes built in: `taskfleet up` reads it before it starts workers.
 #[cfg(feature = "candle")]
@@ -431,12 +431,25 @@ async fn run(cli: Cli) -> Result<()> {
             nak_delay: Duration::from_millis(cli.nak_delay_ms),
         },
     );
-    let worker_loop = tokio::spawn(workers.clone().run(placements_rx, stop_work.clone()));
+    let (members_tx, members_rx) = watch::channel(None);
+    let members_watch = tokio::spawn(members::watch_members(
+        workers_kv.clone(),
+        worker_id.clone(),
+        heartbeat_every,
+        members_tx,
+        stop_work.clone(),
+    ));
+    let worker_loop = tokio::spawn(workers.clone().run(
+        placements_rx,
+        members_rx,
+        stop_work.clone(),
+    ));
     let heartbeat_stop = CancellationToken::new();
     let beat = Arc::new(Heartbeat {
         worker_id,
         host,
         started_ms,
+        runtime_kind: cli.runtime.clone(),
         residency,
         runtime,
         statuses: workers.statuses.clone(),
@@ -449,6 +462,7 @@ async fn run(cli: Cli) -> Result<()> {
     stop_work.cancel();
     let _ = worker_loop.await;
     let _ = watcher.await;
+    let _ = members_watch.await;
     workers.drain(Duration::from_secs(30)).await;
     heartbeat_stop.cancel();
     let _ = heartbeat.await;

@@ -407,6 +407,7 @@ mod tests {
             runtimes: vec!["torch".into()],
             epochs: BTreeMap::from([("a\"b".to_string(), 7)]),
             started_ms: Some(1),
+            runtime_kind: Some("torch".into()),
         }
     }
 

@@ -568,6 +568,10 @@ pub struct WorkerHeartbeat {
     /// the worker restarted, and whatever the old process held was lost with it.
     #[serde(default)]
     pub started_ms: Option<u64>,
+    /// The runtime kind this worker serves (its pool; fixed for the process, unlike `runtimes`,
+    /// which is empty while the runtime restarts). Workers rank each other by it for replicas.
+    #[serde(default)]
+    pub runtime_kind: Option<String>,
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::members::{self, Members};
 use crate::nats;
 use crate::placement::Placements;
 use crate::protocol::Placement;
@@ -90,11 +91,13 @@ impl Workers {
     pub async fn run(
         self: Arc<Self>,
         mut placements: watch::Receiver<Placements>,
+        mut members: watch::Receiver<Option<Members>>,
         shutdown: CancellationToken,
     ) {
         let mut running: HashMap<String, Running> = HashMap::new();
         loop {
-            let desired = self.mine(&placements.borrow_and_update());
+            let live = members.borrow_and_update().clone();
+            let desired = self.mine(&placements.borrow_and_update(), live.as_ref());
             for (task, placement) in desired.iter() {
                 match running.get(task) {
                     Some(r) => {
@@ -127,6 +130,7 @@ impl Workers {
             self.residency.sync(&list, &serving).await;
             tokio::select! {
                 changed = placements.changed() => if changed.is_err() { break },
+                changed = members.changed() => if changed.is_err() { break },
                 _ = shutdown.cancelled() => break,
                 // Re-sync now and then: models a task stopped serving can be unloaded.
                 _ = tokio::time::sleep(Duration::from_secs(10)) => {}
@@ -140,15 +144,23 @@ impl Workers {
         }
     }
 
-    /// The placements this worker serves: those that name its runtime. A placement that moves
-    /// to another runtime leaves this worker's loops (and, once idle, its memory).
-    fn mine(&self, placements: &Placements) -> BTreeMap<String, Placement> {
+    /// The placements this worker holds: those that name its runtime and for which it is one
+    /// of the `replicas` workers rendezvous hashing picks among the live workers of that runtime
+    /// (`members.rs`; nothing until the live set has been read once). A placement that moves
+    /// to another runtime or another worker leaves this worker's loops (and, once idle, its
+    /// memory); the loop hands back what it holds.
+    fn mine(&self, placements: &Placements, live: Option<&Members>) -> BTreeMap<String, Placement> {
+        let Some(live) = live else {
+            return BTreeMap::new();
+        };
+        let me = self.config.worker_id.as_str();
+        let kind = self.config.runtime.as_str();
         placements
             .iter()
             .filter(|(task, p)| {
-                let ours = p.runtime == self.config.runtime;
+                let ours = members::holds(live, me, kind, task, &p.runtime, p.replicas);
                 if !ours {
-                    tracing::debug!(%task, runtime = %p.runtime, "placed on another runtime");
+                    tracing::debug!(%task, runtime = %p.runtime, replicas = p.replicas, "held by other workers");
                 }
                 ours
             })

@@ -59,6 +59,7 @@ async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
         worker_id: "w-test-1".into(),
         host: "test-host".into(),
         started_ms: 1,
+        runtime_kind: "torch".into(),
         residency: Residency::new(
             runtime.clone(),
             12_345,

@@ -101,9 +101,11 @@ class FaultRun:
 
 
 def serve(fleet: LocalFleet, model: Path, *, prefix: str = "fault", pinned: bool = True) -> str:
-    """A new task on ``model`` (registered as ``m-<task>``), placed, served by every worker."""
+    """A new task on ``model`` (registered as ``m-<task>``), placed, held by every worker."""
     task = unique_task(prefix)
-    placement = register_served_task(fleet.reg, task, model, pinned=pinned)
+    placement = register_served_task(
+        fleet.reg, task, model, pinned=pinned, replicas=fleet.n_workers
+    )
     if pinned:
         fleet.serving(task, placement.epoch)
     return task

@@ -238,6 +238,7 @@ def messages() -> dict[str, Any]:
             runtimes=["torch"],
             epochs={"german-legal-retrieval": 12, "faq-search": 4},
             started_ms=1_735_689_000_000,
+            runtime_kind="torch",
         ),
     }
 

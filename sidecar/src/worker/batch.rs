@@ -85,6 +85,9 @@ impl TaskLoop {
                 continue;
             };
             self.fill(&stop).await;
+            if self.fence(&serving, &stop).await {
+                continue; // waited for a newer epoch: choose the model again
+            }
             let batch = self.take_batch();
             if batch.is_empty() {
                 continue;
@@ -210,6 +213,69 @@ impl TaskLoop {
                 }
             }
         }
+    }
+
+    /// Epoch fencing: a message stamped with a minimum epoch newer than `serving`'s may not be
+    /// answered by this worker now (its caller has already had a reply from a newer epoch).
+    /// It is handed back with a delay, for a worker (this one, once the newer model loads) that
+    /// serves that epoch. A message on its last delivery is kept instead, alive by progress
+    /// acks, until this worker serves a new enough epoch or the request's deadline passes
+    /// (then it expires). True when it waited: the model to serve with must be chosen again.
+    async fn fence(&mut self, serving: &Placement, stop: &CancellationToken) -> bool {
+        let (behind, fresh): (VecDeque<Pending>, VecDeque<Pending>) = self
+            .carry
+            .drain(..)
+            .partition(|p| p.envelope.min_epoch > serving.epoch);
+        self.carry = fresh;
+        let mut keep = Vec::new();
+        for pending in behind {
+            tracing::debug!(
+                task = %self.task,
+                request_id = %pending.envelope.request_id,
+                min_epoch = pending.envelope.min_epoch,
+                serving = serving.epoch,
+                "request needs a newer epoch; handing it back"
+            );
+            if self.settler.is_last_delivery(&pending.envelope) {
+                keep.push(pending);
+            } else {
+                self.settler
+                    .retry_later(pending.envelope, "EPOCH_BEHIND")
+                    .await;
+            }
+        }
+        if keep.is_empty() {
+            return false;
+        }
+        let needed = keep.iter().map(|p| p.envelope.min_epoch).max().unwrap_or(0);
+        let last_deadline = keep.iter().filter_map(|p| p.envelope.deadline_ms).max();
+        let step = keep_alive_period(self.workers.config.ack_wait);
+        loop {
+            let desired = self.placement.borrow().clone();
+            let new_enough = self
+                .choose_model(&desired)
+                .is_some_and(|s| s.epoch >= needed);
+            let past = last_deadline.is_some_and(|d| now_ms() > d);
+            if new_enough || past || stop.is_cancelled() {
+                break;
+            }
+            for pending in &keep {
+                let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(step) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+        if last_deadline.is_some_and(|d| now_ms() > d) {
+            for pending in keep {
+                self.settler.expire(pending.envelope).await;
+            }
+        } else {
+            // Served by the next batch, from the newer epoch (or handed back when stopped).
+            self.carry.extend(keep);
+        }
+        true
     }
 
     /// Pulls more messages until the token budget is reached or the batch wait has passed.

@@ -17,6 +17,9 @@ pub const HEADER_REQUEST_ID: &str = "Tf-Request-Id";
 pub const HEADER_REPLY: &str = "Tf-Reply";
 pub const HEADER_DEADLINE: &str = "Tf-Deadline";
 pub const HEADER_ERROR: &str = "Tf-Error";
+/// The oldest placement epoch the request may be answered from (the gateway stamps the newest
+/// epoch its caller has seen): a worker still serving an older one hands the message back.
+pub const HEADER_MIN_EPOCH: &str = "Tf-Min-Epoch";
 
 /// A message this worker holds (pulled, not yet acked, nakked or terminated).
 pub struct Envelope {
@@ -24,6 +27,8 @@ pub struct Envelope {
     pub request_id: String,
     pub reply_to: Option<String>,
     pub deadline_ms: Option<u64>,
+    /// `Tf-Min-Epoch` (0 when absent).
+    pub min_epoch: u64,
     /// How many times the server has delivered this message, this time included.
     pub delivered: i64,
     held: Arc<AtomicU64>,
@@ -41,6 +46,7 @@ pub struct RequestHeaders {
     pub request_id: String,
     pub reply_to: Option<String>,
     pub deadline_ms: Option<u64>,
+    pub min_epoch: u64,
 }
 
 impl RequestHeaders {
@@ -56,10 +62,14 @@ impl RequestHeaders {
             .unwrap_or_default();
         let reply_to = header(HEADER_REPLY).filter(|s| !s.trim().is_empty());
         let deadline_ms = header(HEADER_DEADLINE).and_then(|v| v.trim().parse().ok());
+        let min_epoch = header(HEADER_MIN_EPOCH)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
         Self {
             request_id,
             reply_to,
             deadline_ms,
+            min_epoch,
         }
     }
 }
@@ -74,6 +84,7 @@ impl Envelope {
             request_id: headers.request_id,
             reply_to: headers.reply_to,
             deadline_ms: headers.deadline_ms,
+            min_epoch: headers.min_epoch,
             delivered,
             held,
         }
