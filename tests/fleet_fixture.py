@@ -41,8 +41,6 @@ def register_served_task(
     """Task + base model (+ adapter) + candidate, promoted (an admin override: no eval run).
     The task takes its kind from ``suite`` (declared as a retrieval suite if it does not exist);
     ``replicas``: how many workers hold it (default 1, the registry's)."""
-    from registry.entities import TrainingRecord
-
     add_task(registry, task, suite=suite)
     name = model_name or f"m-{task}"
     try:
@@ -52,18 +50,7 @@ def register_served_task(
     adapter = None
     if adapter_dir is not None:
         adapter = f"a-{task}"
-        registry.register_adapter(
-            adapter,
-            base=name,
-            source_dir=adapter_dir,
-            training=TrainingRecord(
-                data_fingerprint="0" * 64,
-                train_split="dev",
-                hyperparameters={},
-                seed=1,
-                code_version="test",
-            ),
-        )
+        register_test_adapter(registry, adapter, name, adapter_dir)
     candidate = registry.add_candidate(task, base=name, adapter=adapter)
     registry.promote(
         task,
@@ -76,6 +63,24 @@ def register_served_task(
     placement = registry.current_placement(task)
     assert placement is not None
     return placement
+
+
+def register_test_adapter(registry: Registry, name: str, base: str, folder: Path) -> None:
+    """An adapter with a placeholder training record (tests place it, never train it)."""
+    from registry.entities import TrainingRecord
+
+    registry.register_adapter(
+        name,
+        base=base,
+        source_dir=folder,
+        training=TrainingRecord(
+            data_fingerprint="0" * 64,
+            train_split="dev",
+            hyperparameters={},
+            seed=1,
+            code_version="test",
+        ),
+    )
 
 
 async def eventually(

@@ -14,8 +14,14 @@ import httpx
 import pytest
 
 from serving.client import Client
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
+from tests.fleet_fixture import (
+    LocalFleet,
+    register_served_task,
+    register_test_adapter,
+    wait_until,
+)
 from tests.nats_fixture import unique_task
+from tests.suite_fixture import add_task
 from tests.tiny_model import build_tiny_adapter, build_tiny_model
 
 SIDECAR_ARGS = [
@@ -93,7 +99,7 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
     with LocalFleet(tmp_path / "fleet", workers=1, sidecar_args=SIDECAR_ARGS) as fleet:
         reg = fleet.reg
         task = unique_task("fence")
-        reg.add_task(task, suite="test-suite")
+        add_task(reg, task)
         reg.add_model("ma", path=model_a)
         reg.add_model("mb", path=model_b)
         reg.add_candidate(task, base="ma")
@@ -177,23 +183,10 @@ def test_smoke_of_three_machines(tmp_path: Path) -> None:
     try:
         reg = fleet.reg
         task = unique_task("three")
-        reg.add_task(task, suite="test-suite")
+        add_task(reg, task)
         reg.add_model("ma", path=model_a)
         reg.add_model("mb", path=model_b)
-        from registry.entities import TrainingRecord
-
-        reg.register_adapter(
-            "lora-b",
-            base="mb",
-            source_dir=adapter_b,
-            training=TrainingRecord(
-                data_fingerprint="0" * 64,
-                train_split="dev",
-                hyperparameters={},
-                seed=1,
-                code_version="test",
-            ),
-        )
+        register_test_adapter(reg, "lora-b", "mb", adapter_b)
         reg.add_candidate(task, base="ma")
         cand_b = reg.add_candidate(task, base="mb", adapter="lora-b")
         first = reg.promote(task, "ma", override=True, reason="A", pinned=True, replicas=2)
