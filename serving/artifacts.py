@@ -68,18 +68,16 @@ async def _exists(store: ObjectStore, name: str) -> bool:
 
 @dataclass
 class Uploaded:
-    artifact: p.Artifact
     files_sent: int
     bytes_sent: int
 
 
 async def upload(store: ObjectStore, root: Path, sha256: str) -> Uploaded:
     """Put the folder ``root`` (registered with digest ``sha256``) into the bucket, unless its
-    manifest is already there; files the bucket already holds are not sent again."""
+    manifest is already there (a look-up of its info only: nothing is read); files the bucket
+    already holds are not sent again."""
     if await _exists(store, manifest_object(sha256)):
-        data = (await store.get(manifest_object(sha256))).data or b""
-        manifest = p.from_wire(p.ArtifactManifest, p.unpack(data))
-        return Uploaded(p.Artifact(sha256=sha256, size=manifest.size), 0, 0)
+        return Uploaded(0, 0)
     manifest = await asyncio.to_thread(build_manifest, root, sha256)
     sent = sent_bytes = 0
     for entry in manifest.files:
@@ -92,4 +90,4 @@ async def upload(store: ObjectStore, root: Path, sha256: str) -> Uploaded:
         sent_bytes += entry.size
     await store.put(manifest_object(sha256), p.pack(manifest))
     log.info("uploaded artifact %s: %d files, %d bytes sent", sha256[:12], sent, sent_bytes)
-    return Uploaded(p.Artifact(sha256=sha256, size=manifest.size), sent, sent_bytes)
+    return Uploaded(sent, sent_bytes)

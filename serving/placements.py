@@ -33,6 +33,8 @@ from serving.nats_layout import check_task_name, ensure_layout
 from serving.runtime.heads import HeadError, has_head, read_spec
 
 log = logging.getLogger("taskfleet.publisher")
+# Longest one artifact's upload may take before the pass is retried.
+UPLOAD_TIMEOUT_S = 600.0
 
 
 class PlacementError(RuntimeError):
@@ -121,7 +123,8 @@ async def upload_artifacts(store: ObjectStore, folders: Folders) -> None:
     a worker that reads the placement finds what it names."""
     for folder, sha256 in filter(None, (folders.base, folders.adapter)):
         try:
-            await upload(store, folder, sha256)
+            # Bounded: a stuck object store must not hold the outbox (the loop retries).
+            await asyncio.wait_for(upload(store, folder, sha256), UPLOAD_TIMEOUT_S)
         except (ArtifactMismatch, OSError) as exc:
             raise PlacementError(str(exc)) from None
 

@@ -1,9 +1,11 @@
-"""Dead letters end to end: a request whose model cannot load is retried, dead-lettered by the
-real sidecar with its error, listed by `taskfleet dlq ls`, and once the model is back,
-`taskfleet dlq replay` runs it successfully and removes it from the DLQ."""
+"""Dead letters end to end: a request whose model cannot load (the object store holds bytes
+that do not hash to the placement's weights) is retried, dead-lettered by the real sidecar with
+its error, listed by `taskfleet dlq ls`, and once the right bytes are back, `taskfleet dlq
+replay` runs it successfully and removes it from the DLQ."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -12,9 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import nats
 import pytest
 
+from serving.artifacts import build_manifest, file_object
 from serving.client import Client, TaskfleetError
+from serving.nats_layout import ensure_layout
 from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
 from tests.nats_fixture import unique_task
 
@@ -29,6 +34,17 @@ def _cli(home: Path, nats_url: str, *args: str) -> subprocess.CompletedProcess[s
     )  # fmt: skip
 
 
+def _put_file(url: str, name: str, data: bytes) -> None:
+    async def put() -> None:
+        nc = await nats.connect(url)
+        try:
+            await (await ensure_layout(nc.jetstream())).artifacts.put(name, data)
+        finally:
+            await nc.close()
+
+    asyncio.run(put())
+
+
 def test_dead_letter_listed_then_replayed(tmp_path: Path, tiny_model_path: Path) -> None:
     model_dir = shutil.copytree(tiny_model_path, tmp_path / "model")
     fleet = LocalFleet(tmp_path / "fleet", workers=1).start()
@@ -40,8 +56,11 @@ def test_dead_letter_listed_then_replayed(tmp_path: Path, tiny_model_path: Path)
         register_served_task(fleet.reg, task, model_dir)  # lazy: loads on first request
         worker = fleet.sidecars[0].worker_id
         wait_until(lambda: task in getattr(fleet.heartbeats().get(worker), "queue_depth", {}))
-        # The weights vanish after the placement reached the worker, before any load.
-        model_dir.rename(tmp_path / "model-away")
+        # The weights go bad in the object store after the placement reached the worker,
+        # before any load (lazy): the worker refuses them.
+        sha = fleet.reg.get_model(f"m-{task}").sha256
+        weights = max(build_manifest(model_dir, sha).files, key=lambda f: f.size)
+        _put_file(url, file_object(weights.sha256), b"\0" * weights.size)
 
         with (
             Client(fleet.gateway_url, max_retries=20) as client,
@@ -56,7 +75,7 @@ def test_dead_letter_listed_then_replayed(tmp_path: Path, tiny_model_path: Path)
         seq = re.search(r"│\s*(\d+)\s*│", listing.stdout)
         assert seq, listing.stdout
 
-        (tmp_path / "model-away").rename(model_dir)
+        _put_file(url, file_object(weights.sha256), (model_dir / weights.path).read_bytes())
         time.sleep(5.5)  # the sidecar retries a failed load at most every 5 s
         replayed = _cli(home, url, "dlq", "replay", seq.group(1), "--wait", "40")
         assert replayed.returncode == 0, replayed.stderr

@@ -150,5 +150,6 @@ def test_nats_restart_gateway_and_sidecars_reconnect(
         np.testing.assert_allclose(after[0], expected[1], atol=1e-5)
 
     # The control loops reconnected too: a new placement epoch reaches the workers.
-    fleet.reg.update_placement(task, replicas=2)
+    # (a change of pinned/replicas is a new epoch; the same values are none)
+    fleet.reg.update_placement(task, pinned=False)
     fleet.serving(task, placement.epoch + 1, workers=2)
