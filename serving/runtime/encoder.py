@@ -147,8 +147,7 @@ class Encoder:
     def pair_token_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         if not pairs:
             return []
-        enc = pair_features(self.model, pairs, self.max_seq_length, tensors=False)
-        return [len(ids) for ids in enc["input_ids"]]
+        return PairTokenizer(self.model.tokenizer, self.max_seq_length).lengths(pairs)
 
     def iter_batches(
         self, texts: Sequence[str], kind: TextKind = "passage"
@@ -164,13 +163,16 @@ class Encoder:
     def iter_pair_batches(
         self, pairs: Sequence[tuple[str, str]]
     ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
-        """Yield (indices, embeddings of the pairs encoded together, stats) per batch."""
-        lengths = self.pair_token_lengths(pairs)
+        """Yield (indices, embeddings of the pairs encoded together, stats) per batch. Each
+        distinct text is tokenised once for the whole call (a query heads ~30 pairs)."""
+        if not pairs:
+            return
+        tokenizer = PairTokenizer(self.model.tokenizer, self.max_seq_length)
+        tokenizer.add_texts([t for pair in pairs for t in pair])
+        lengths = tokenizer.lengths(pairs)
         for batch in plan_batches(lengths, self.max_batch_tokens, self.max_batch_size):
             chosen = [pairs[i] for i in batch.indices]
-            yield self._forward(
-                batch, lengths, pair_features(self.model, chosen, self.max_seq_length)
-            )
+            yield self._forward(batch, lengths, tokenizer.features(chosen))
 
     def _forward(
         self, batch: Batch, lengths: Sequence[int], features: dict[str, Any]
@@ -216,16 +218,159 @@ def pair_features(
 ) -> dict[str, Any]:
     """Tokenise (query, passage) pairs as one sequence each, the way BERT cross-encoders read
     them ([CLS] query [SEP] passage [SEP]); the longer text is cut first to fit. Serving,
-    evaluation and training all build pair inputs here."""
-    encoded = model.tokenizer(
-        [q for q, _ in pairs],
-        [p for _, p in pairs],
-        padding=tensors,
-        truncation="longest_first",
-        max_length=max_length,
-        return_tensors="pt" if tensors else None,
+    evaluation and training all build pair inputs here (through ``PairTokenizer``)."""
+    return PairTokenizer(model.tokenizer, max_length).features(pairs, tensors=tensors)
+
+
+# One entry of a tokenizer's pair template: ("A"|"B", type id) for a text, or (token ids,
+# type id) for special tokens.
+TemplatePiece = tuple[str | tuple[int, ...], int]
+
+
+class PairTokenizer:
+    """Cross-encoder inputs with exactly the ids, token types and truncation of the tokenizer's
+    own pair call (``tokenizer(queries, passages, truncation="longest_first")``), built from
+    each text's word pieces tokenised once.
+
+    Why not the tokenizer's pair call: the fast tokenizer keeps every *overflowing* piece of a
+    truncated pair, roughly (query pieces x passage pieces) encodings per pair: on GerLayQA
+    (~1,000-character questions, cut to 128 word pieces) ~1.7 MB per pair, so scoring the 68k
+    test pairs ran out of memory (20.7 GB). Here each text is tokenised once, cut to
+    ``max_length`` word pieces, and the pair is assembled from the tokenizer's post-processor
+    template with the same longest-first rule. A tokenizer whose post-processor is not a
+    template falls back to the pair call, batch by batch.
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.template = pair_template(tokenizer)
+        specials = sum(len(p) for p, _ in self.template or () if not isinstance(p, str))
+        self.budget = max(0, max_length - specials)
+        self.specials = specials
+        self._ids: dict[str, tuple[int, list[int]]] = {}
+
+    def add_texts(self, texts: Sequence[str]) -> None:
+        """Tokenise the texts not seen yet; keep each one's full length (the truncation rule
+        compares them) and its first ``max_length`` word pieces (a pair never keeps more)."""
+        if self.template is None:
+            return
+        new = list(dict.fromkeys(t for t in texts if t not in self._ids))
+        if not new:
+            return
+        encoded = self.tokenizer(new, add_special_tokens=False, verbose=False)
+        for text, ids in zip(new, encoded["input_ids"], strict=True):
+            self._ids[text] = (len(ids), ids[: self.max_length])
+
+    def kept(self, n1: int, n2: int) -> tuple[int, int]:
+        """How many word pieces of each text a pair keeps: the tokenizers library's
+        longest-first rule (the shorter text keeps at most half the budget, rounded down; on a
+        tie the first text is the shorter)."""
+        budget = self.budget
+        if n1 + n2 <= budget:
+            return n1, n2
+        if n1 > n2:
+            k2 = min(n2, budget // 2)
+            return budget - k2, k2
+        k1 = min(n1, budget // 2)
+        return k1, budget - k1
+
+    def lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
+        if self.template is None:
+            return [len(ids) for ids in self._call(pairs, tensors=False)["input_ids"]]
+        self.add_texts([t for pair in pairs for t in pair])
+        return [self.specials + sum(self.kept(self._ids[q][0], self._ids[p][0])) for q, p in pairs]
+
+    def encode(self, query: str, passage: str) -> tuple[list[int], list[int]]:
+        """(input ids, token type ids) of one pair; its texts must have been added."""
+        assert self.template is not None
+        (n1, q), (n2, p) = self._ids[query], self._ids[passage]
+        k1, k2 = self.kept(n1, n2)
+        texts = {"A": q[:k1], "B": p[:k2]}
+        ids: list[int] = []
+        types: list[int] = []
+        for piece, type_id in self.template:
+            part = texts[piece] if isinstance(piece, str) else piece
+            ids.extend(part)
+            types.extend([type_id] * len(part))
+        return ids, types
+
+    def features(self, pairs: Sequence[tuple[str, str]], *, tensors: bool = True) -> dict[str, Any]:
+        """The model inputs of the pairs (padded torch tensors, or lists without padding)."""
+        if self.template is None:
+            return self._call(pairs, tensors=tensors)
+        self.add_texts([t for pair in pairs for t in pair])
+        rows = [self.encode(q, p) for q, p in pairs]
+        names = self.tokenizer.model_input_names
+        lists = {
+            "input_ids": [ids for ids, _ in rows],
+            "token_type_ids": [types for _, types in rows],
+            "attention_mask": [[1] * len(ids) for ids, _ in rows],
+        }
+        if not tensors:
+            return {k: v for k, v in lists.items() if k in names}
+        import torch
+
+        width = max((len(ids) for ids, _ in rows), default=0)
+        pad = {
+            "input_ids": self.tokenizer.pad_token_id or 0,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0) or 0,
+            "attention_mask": 0,
+        }
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        out: dict[str, Any] = {}
+        for key, values in lists.items():
+            if key not in names:
+                continue
+            padded = [
+                ([pad[key]] * (width - len(v)) + v) if left else (v + [pad[key]] * (width - len(v)))
+                for v in values
+            ]
+            out[key] = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
+        return out
+
+    def _call(self, pairs: Sequence[tuple[str, str]], *, tensors: bool) -> dict[str, Any]:
+        encoded = self.tokenizer(
+            [q for q, _ in pairs],
+            [p for _, p in pairs],
+            padding=tensors,
+            truncation="longest_first",
+            max_length=self.max_length,
+            return_tensors="pt" if tensors else None,
+        )
+        return dict(encoded)
+
+
+def pair_template(tokenizer: Any) -> list[TemplatePiece] | None:
+    """The pair layout of a fast tokenizer's ``TemplateProcessing`` post-processor, or None."""
+    import json
+
+    backend = getattr(tokenizer, "_tokenizer", None) or getattr(
+        tokenizer, "backend_tokenizer", None
     )
-    return dict(encoded)
+    if backend is None:
+        return None
+    try:
+        processor = json.loads(backend.to_str()).get("post_processor") or {}
+    except (AttributeError, ValueError):
+        return None
+    if processor.get("type") != "TemplateProcessing":
+        return None
+    specials = processor.get("special_tokens", {})
+    pieces: list[TemplatePiece] = []
+    for entry in processor.get("pair", []):
+        if "Sequence" in entry:
+            pieces.append((str(entry["Sequence"]["id"]), int(entry["Sequence"]["type_id"])))
+        elif "SpecialToken" in entry:
+            token = specials.get(entry["SpecialToken"]["id"], {})
+            pieces.append(
+                (tuple(int(i) for i in token.get("ids", [])), int(entry["SpecialToken"]["type_id"]))
+            )
+        else:
+            return None
+    if [p for p, _ in pieces if isinstance(p, str)] != ["A", "B"]:
+        return None
+    return pieces
 
 
 def has_lora(adapter_path: Path | None) -> bool:
