@@ -5,6 +5,7 @@ code as the CLI, paired comparisons for the report."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,14 +55,33 @@ class Bench:
 
     def task(self, name: str) -> None:
         """The built-in suite, registered through the user's path, and its task."""
+        from registry.errors import AlreadyExists
         from taskfleet.suites import ensure_suite
 
         ensure_suite(self.reg, name, data_root=self.data_root, mteb_dir=self.home / "suites")
-        self.reg.add_task(name, suite=name)
+        with contextlib.suppress(AlreadyExists):  # another stage of this benchmark added it
+            self.reg.add_task(name, suite=name)
 
     def model(self) -> str:
-        self.reg.add_model("minilm", package=MODEL_PACKAGE)
+        from registry.errors import AlreadyExists
+
+        with contextlib.suppress(AlreadyExists):
+            self.reg.add_model("minilm", package=MODEL_PACKAGE)
         return "minilm"
+
+    def save_stage(self, stage: str) -> None:
+        """What a stage measured, for the report stage (stages may run as separate processes
+        on one --home)."""
+        path = self.home / f"figures-{stage}.json"
+        path.write_text(json.dumps(self.figures, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    def load_stages(self) -> None:
+        for path in sorted(self.home.glob("figures-*.json")):
+            for key, value in json.loads(path.read_text(encoding="utf-8")).items():
+                if isinstance(value, dict):
+                    self.figures.setdefault(key, {}).update(value)
+                else:
+                    self.figures[key] = value
 
     def evaluate(self, task: str, candidate: str, *, sample: int | None = None) -> EvalRun:
         started = time.perf_counter()
@@ -94,10 +114,18 @@ class Bench:
 
 
 def arguments(
-    description: str, out: Path, preset_help: str, *, retrieval_preset: bool = False
+    description: str,
+    out: Path,
+    preset_help: str,
+    *,
+    retrieval_preset: bool = False,
+    stages: tuple[str, ...] = (),
 ) -> argparse.Namespace:
-    """The flags both benchmarks share; the rerank one also trains a retrieval LoRA."""
+    """The flags both benchmarks share; the rerank one also trains a retrieval LoRA and runs
+    in stages (separate processes on one --home)."""
     parser = argparse.ArgumentParser(description=description)
+    if stages:
+        parser.add_argument("--stage", choices=stages, default=stages[0])
     parser.add_argument("--preset", default="default", help=preset_help)
     if retrieval_preset:
         parser.add_argument(

@@ -7,12 +7,14 @@ code as `taskfleet finetune`. Writes reports/german-legal-rerank/: leaderboard.m
 and rerank.json.
 
     .venv/bin/python benchmarks/rerank_german_legal.py [--preset default] [--threads 2]
+        [--stage all|baselines|cross-encoder|report] [--home DIR]
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kinds_bench import (
     REPO,
@@ -28,14 +30,20 @@ TASK = "german-legal-rerank"
 RETRIEVAL = "german-legal-retrieval"
 
 
+STAGES = ("all", "baselines", "cross-encoder", "report")
+
+
 def main() -> None:
     args = arguments(
-        __doc__.splitlines()[0], REPO / "reports" / TASK, "rerank preset", retrieval_preset=True
+        __doc__.splitlines()[0],
+        REPO / "reports" / TASK,
+        "rerank preset",
+        retrieval_preset=True,
+        stages=STAGES,
     )
 
     import torch
 
-    from evals.report import machine_description, write_leaderboard
     from finetune.config import preset
 
     torch.set_num_threads(args.threads)
@@ -43,57 +51,80 @@ def main() -> None:
     bench.task(TASK)
     base = bench.model()
     reg = bench.reg
+    if args.stage in ("all", "baselines"):
+        baselines(bench, base, args)
+    hp = preset(args.preset, "rerank").with_overrides(max_steps=args.max_steps)
+    if args.stage in ("all", "cross-encoder"):
+        tuned, training = fine_tune(bench, TASK, base, hp, CROSS)
+        bench.figures.setdefault("training", {})[CROSS] = training
+        bench.figures["hyperparameters"] = hp.as_dict()
+        bench.figures["cross_encoder_candidate"] = tuned.candidate.name
+        bench.save_stage("cross-encoder")  # the training survives a failed eval
+        bench.evaluate(TASK, tuned.candidate.name, sample=args.sample)
+        bench.save_stage("cross-encoder")
+    if args.stage in ("all", "report"):
+        report(bench, args, hp)
+    reg.close()
+
+
+CROSS = "minilm-cross-encoder-lora"
+
+
+def baselines(bench: Bench, base: str, args: Any) -> None:
+    """Random and BM25 order, MiniLM as a bi-encoder, the retrieval task's LoRA as one."""
+    from finetune.config import preset
+
+    reg = bench.reg
     for kind in ("random", "bm25"):
         reg.add_candidate(TASK, kind=kind)
         bench.evaluate(TASK, kind, sample=args.sample)
     reg.add_candidate(TASK, name="minilm-bi-encoder", base=base, kind="embedding")
     bench.evaluate(TASK, "minilm-bi-encoder", sample=args.sample)
-
-    trainings: dict[str, dict[str, object]] = {}
     if args.retrieval_preset != "none":
         # The retrieval task's own LoRA (trained on GerLayQA dev = this suite's train split),
         # put on the rerank task as a bi-encoder: the same adapter, another task.
         bench.task(RETRIEVAL)
         hp = preset(args.retrieval_preset).with_overrides(max_steps=args.max_steps)
-        retrieval, trainings["minilm-retrieval-lora"] = fine_tune(
-            bench, RETRIEVAL, base, hp, "minilm-retrieval-lora"
-        )
+        retrieval, training = fine_tune(bench, RETRIEVAL, base, hp, "minilm-retrieval-lora")
+        bench.figures.setdefault("training", {})["minilm-retrieval-lora"] = training
         reg.add_candidate(
             TASK, name="retrieval-lora-bi-encoder", adapter=retrieval.adapter.name, kind="embedding"
         )
         bench.evaluate(TASK, "retrieval-lora-bi-encoder", sample=args.sample)
+    bench.save_stage("baselines")
 
-    hp = preset(args.preset, "rerank").with_overrides(max_steps=args.max_steps)
-    tuned, trainings["minilm-cross-encoder-lora"] = fine_tune(
-        bench, TASK, base, hp, "minilm-cross-encoder-lora"
-    )
-    bench.figures["training"] = trainings
-    bench.figures["hyperparameters"] = hp.as_dict()
-    bench.evaluate(TASK, tuned.candidate.name, sample=args.sample)
 
-    for baseline in ("random", "minilm-bi-encoder", "bm25"):
-        bench.compare(TASK, tuned.candidate.name, baseline)
-    if args.retrieval_preset != "none":
-        bench.compare(TASK, tuned.candidate.name, "retrieval-lora-bi-encoder")
-        bench.compare(TASK, "retrieval-lora-bi-encoder", "minilm-bi-encoder")
+def report(bench: Bench, args: Any, hp: Any) -> None:
+    from evals.report import machine_description, write_leaderboard
 
+    reg = bench.reg
+    bench.load_stages()
+    tuned = bench.figures.get("cross_encoder_candidate")
     board = reg.leaderboard(TASK)
+    if tuned in board:
+        for baseline in ("random", "minilm-bi-encoder", "bm25", "retrieval-lora-bi-encoder"):
+            if baseline in board:
+                bench.compare(TASK, tuned, baseline)
+    if {"retrieval-lora-bi-encoder", "minilm-bi-encoder"} <= set(board):
+        bench.compare(TASK, "retrieval-lora-bi-encoder", "minilm-bi-encoder")
     bench.figures["leaderboard"] = {
         name: {"metrics": run.metrics, "ci": run.ci, "queries": len(run.per_query)}
         for name, run in board.items()
     }
+    trainings: dict[str, dict[str, Any]] = bench.figures.get("training", {})
+    used = bench.figures.get("hyperparameters", hp.as_dict())
     suite = reg.get_suite(TASK)
     command = "`.venv/bin/python benchmarks/rerank_german_legal.py`" + (
         f" --preset {args.preset}" if args.preset != "default" else ""
     )
     extra = [
-        *comparison_lines(bench.figures["comparisons"], "ndcg_at_10"),
+        *comparison_lines(bench.figures.get("comparisons", []), "ndcg_at_10"),
         "",
         "## Training",
         "",
         *[line for name, t in trainings.items() for line in training_lines(name, t)],
         f"- Cross-encoder hyperparameters (preset `{args.preset}`): "
-        + ", ".join(f"{k}={v}" for k, v in sorted(hp.as_dict().items())),
+        + ", ".join(f"{k}={v}" for k, v in sorted(used.items())),
         "",
         f"Suite `{suite.name}` version {suite.version} (fingerprint `{suite.fingerprint[:12]}`), "
         f"test split `{suite.test_split}`, "
@@ -102,12 +133,13 @@ def main() -> None:
         "corpus order, so the `random` candidate shuffles them with a fixed seed per query). "
         "The cross-encoder and the retrieval LoRA were trained on `train` (GerLayQA dev) only.",
         f"Machine: {machine_description()}.",
-        f"Reproduce: {command} (`make bench` runs it).",
+        f"Reproduce: {command} (`make bench` runs it; `--stage baselines` and "
+        "`--stage cross-encoder` on one `--home` may run as two processes, then "
+        "`--stage report`).",
     ]
     md, chart = write_leaderboard(TASK, board, args.out, extra_lines=extra)
     write_json(args.out / "rerank.json", bench.figures)
     print(f"wrote {md}, {chart}")
-    reg.close()
 
 
 if __name__ == "__main__":
