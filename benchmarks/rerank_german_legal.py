@@ -12,6 +12,7 @@ and rerank.json.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -55,13 +56,16 @@ def main() -> None:
         baselines(bench, base, args)
     hp = preset(args.preset, "rerank").with_overrides(max_steps=args.max_steps)
     if args.stage in ("all", "cross-encoder"):
-        tuned, training = fine_tune(bench, TASK, base, hp, CROSS)
-        bench.figures.setdefault("training", {})[CROSS] = training
-        bench.figures["hyperparameters"] = hp.as_dict()
-        bench.figures["cross_encoder_candidate"] = tuned.candidate.name
-        bench.save_stage("cross-encoder")  # the training survives a failed eval
-        bench.evaluate(TASK, tuned.candidate.name, sample=args.sample)
-        bench.save_stage("cross-encoder")
+        bench.load_stages()
+        if bench.figures.get("cross_encoder_candidate") is None:
+            tuned, training = fine_tune(bench, TASK, base, hp, CROSS)
+            bench.figures.setdefault("training", {})[CROSS] = training
+            bench.figures["hyperparameters"] = hp.as_dict()
+            bench.figures["cross_encoder_candidate"] = tuned.candidate.name
+            bench.save_stage("cross-encoder")  # the training survives a failed eval
+        else:  # trained by an earlier run of this stage on this --home: evaluate it again
+            print(f"evaluating the trained {bench.figures['cross_encoder_candidate']}", flush=True)
+        bench.evaluate(TASK, bench.figures["cross_encoder_candidate"], sample=args.sample)
     if args.stage in ("all", "report"):
         report(bench, args, hp)
     reg.close()
@@ -73,12 +77,15 @@ CROSS = "minilm-cross-encoder-lora"
 def baselines(bench: Bench, base: str, args: Any) -> None:
     """Random and BM25 order, MiniLM as a bi-encoder, the retrieval task's LoRA as one."""
     from finetune.config import preset
+    from registry.errors import AlreadyExists
 
     reg = bench.reg
     for kind in ("random", "bm25"):
-        reg.add_candidate(TASK, kind=kind)
+        with contextlib.suppress(AlreadyExists):  # an earlier run on this --home added it
+            reg.add_candidate(TASK, kind=kind)
         bench.evaluate(TASK, kind, sample=args.sample)
-    reg.add_candidate(TASK, name="minilm-bi-encoder", base=base, kind="embedding")
+    with contextlib.suppress(AlreadyExists):
+        reg.add_candidate(TASK, name="minilm-bi-encoder", base=base, kind="embedding")
     bench.evaluate(TASK, "minilm-bi-encoder", sample=args.sample)
     if args.retrieval_preset != "none":
         # The retrieval task's own LoRA (trained on GerLayQA dev = this suite's train split),
