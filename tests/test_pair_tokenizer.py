@@ -16,9 +16,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gerlayqa-reran
 
 def synthetic_pairs() -> list[tuple[str, str]]:
     word = "mietvertrag kündigung "
-    pairs = [
-        (word * a, word * b) for a in (0, 1, 20, 31, 32, 33, 60) for b in (0, 2, 31, 32, 90)
-    ]
+    pairs = [(word * a, word * b) for a in (0, 1, 20, 31, 32, 33, 60) for b in (0, 2, 31, 32, 90)]
     edges = [("", ""), ("kurz", "auch kurz"), ("Wer erbt? " * 20, "§ 1924 Gesetzliche Erben")]
     return [*pairs, *edges]
 
