@@ -114,11 +114,17 @@ def module_bytes(module: Any) -> int:
 
 class ModelPool:
     def __init__(
-        self, *, device: str, max_batch_tokens: int | None, max_batch_size: int | None
+        self,
+        *,
+        device: str,
+        max_batch_tokens: int | None,
+        max_batch_size: int | None,
+        max_padding: float | None = None,
     ) -> None:
         self.device = device
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.max_padding = max_padding
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Loaded] = {}
         self._adapter_counter = 0
@@ -163,6 +169,7 @@ class ModelPool:
             device=self.device,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_size=self.max_batch_size,
+            max_padding=self.max_padding,
             model=base.model,
         )
         base.users.add(model_key)

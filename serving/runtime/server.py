@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from serving import protocol as p
-from serving.runtime.encoder import ModelLoadError, ModelSpec
+from serving.runtime.encoder import DEFAULT_MAX_PADDING, ModelLoadError, ModelSpec
 from serving.runtime.heads import HeadError
 from serving.runtime.pool import (
     ClassifyWork,
@@ -288,6 +288,16 @@ def _clear_stale_socket(path: Path) -> None:
     raise SystemExit(f"error: another runtime is already listening on {path}")
 
 
+def _fraction(value: str) -> float:
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0.0 <= fraction <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, not {value}")
+    return fraction
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m serving.runtime.server",
@@ -314,6 +324,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="texts per forward pass (default: 32 on cpu, 128 on accelerators)",
     )
     parser.add_argument(
+        "--max-padding",
+        type=_fraction,
+        default=DEFAULT_MAX_PADDING,
+        help=(
+            "share of a forward pass's padded tokens that may be padding before the texts "
+            f"(sorted by length) are cut into another pass; 1 turns it off "
+            f"(default: {DEFAULT_MAX_PADDING})"
+        ),
+    )
+    parser.add_argument(
         "--max-frame-bytes",
         type=int,
         default=p.DEFAULT_MAX_FRAME_BYTES,
@@ -336,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size,
+        max_padding=args.max_padding,
     )
     server = RuntimeServer(pool, args.socket, max_frame_bytes=args.max_frame_bytes)
     asyncio.run(server.serve())
