@@ -21,7 +21,7 @@ from serving.runtime.encoder import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "der mieter muss die kündigung schriftlich erklären haftung für schaden am haus".split()
+WORDS = ["der", "mieter", "muss", "die", "kündigung", "schriftlich", "erklären", "haftung"]
 
 
 def _check_plan(lengths: list[int], max_tokens: int, max_size: int, max_padding: float) -> None:
@@ -72,7 +72,7 @@ def test_plan_at_the_limits() -> None:
     assert len(plan) == 64 and all(b.padded_tokens == 640 for b in plan)
     # A text longer than the whole token budget still runs, alone.
     plan = plan_batches([5, 9000, 6], 4096, 32)
-    assert [b.indices for b in plan][0] == [1]
+    assert plan[0].indices == [1]
     with pytest.raises(ValueError, match="max_padding"):
         plan_batches([1], 4096, 32, 1.5)
 

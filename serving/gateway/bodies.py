@@ -277,8 +277,9 @@ def embed_response(reply: ReplyOk, fmt: Format) -> bytes:
 
 
 def estimate_tokens(texts: list[str]) -> int:
-    """The sidecar's batching estimate (a quarter of the characters); the gateway never
-    tokenises, so OpenAI's ``usage`` reports this estimate."""
+    """A quarter of the characters: the gateway never tokenises (it does not hold the model's
+    tokenizer; the sidecar counts real tokens for batching), so OpenAI's ``usage`` reports
+    this estimate."""
     return sum(max(1, len(t) // 4) for t in texts)
 
 

@@ -170,13 +170,15 @@ struct Cli {
     )]
     artifact_cache: PathBuf,
 
-    /// Token budget of one batch (tokens estimated as characters / 4). The runtime sorts a
-    /// batch by length and cuts it into its own compute batches, so a larger budget pads less:
-    /// 32768 measured 0.92-1.00x in-process throughput where 8192 gave 0.78x.
+    /// Token budget of one batch, counted with the model's own tokenizer (its folder's
+    /// tokenizer.json; characters / 4 without one). The runtime sorts a batch by length and
+    /// cuts it into forward passes that pad little (the runtime's --max-padding), so a larger budget pads
+    /// less: 32768 measured 0.92-1.00x in-process throughput where 8192 gave 0.78x.
     #[arg(long, env = "TASKFLEET_MAX_BATCH_TOKENS", default_value_t = 32768)]
     max_batch_tokens: usize,
 
-    /// How long a batch waits for more requests after its first one arrived.
+    /// How long a batch may wait for more requests after its first one arrived, while the
+    /// queue holds more. A request that finds the queue empty is sent at once.
     #[arg(long, env = "TASKFLEET_MAX_BATCH_WAIT_MS", default_value_t = 5)]
     max_batch_wait_ms: u64,
 

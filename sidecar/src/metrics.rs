@@ -201,7 +201,7 @@ impl Metrics {
             ),
             batch_tokens: Histogram::new(
                 "taskfleet_sidecar_batch_tokens",
-                "Estimated tokens (characters / 4) per batch, by task.",
+                "Tokens per batch by the model's tokenizer (characters / 4 without a tokenizer.json), by task.",
                 &["task"],
                 TOKEN_BUCKETS,
             ),

@@ -6,6 +6,7 @@
 mod batch;
 pub mod intake;
 pub mod outcome;
+pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::intake::{self, Envelope, Pending, Work};
 use super::outcome::Settler;
+use super::tokens::{self, TokenCounter};
 use super::{now_ms, TaskStatus, Workers};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
@@ -35,6 +36,10 @@ pub(super) struct TaskLoop {
     status: Arc<TaskStatus>,
     /// Decoded messages this worker holds that are not in a batch yet.
     carry: VecDeque<Pending>,
+    /// Messages the consumer still held undelivered when the last one reached us.
+    queued: u64,
+    /// Counts tokens with the desired placement's tokenizer; rebuilt when the model changes.
+    counter: Option<Arc<TokenCounter>>,
     batches: u64,
 }
 
@@ -55,6 +60,8 @@ impl TaskLoop {
             placement,
             status,
             carry: VecDeque::new(),
+            queued: 0,
+            counter: None,
             batches: 0,
         }
     }
@@ -278,22 +285,24 @@ impl TaskLoop {
         true
     }
 
-    /// Pulls more messages until the token budget is reached or the batch wait has passed.
+    /// Pulls more messages while the queue holds more, until the token budget is reached or
+    /// the batch wait has passed. A request that finds the queue empty is sent at once.
     async fn fill(&mut self, stop: &CancellationToken) {
         let workers = self.workers.clone();
         let config = &workers.config;
         let deadline = Instant::now() + config.max_batch_wait;
         loop {
             let tokens: usize = self.carry.iter().map(|p| p.tokens).sum();
-            if tokens >= config.max_batch_tokens {
-                return;
-            }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining < Duration::from_millis(1) {
+            let Some(want) = fill_want(
+                tokens,
+                self.carry.len(),
+                config.max_batch_tokens,
+                self.queued,
+                remaining,
+            ) else {
                 return;
-            }
-            let per_message = (tokens / self.carry.len().max(1)).max(1);
-            let want = ((config.max_batch_tokens - tokens) / per_message).clamp(1, MAX_PULL);
+            };
             let pulled = tokio::select! {
                 n = self.pull(want, remaining) => n,
                 _ = stop.cancelled() => return,
@@ -350,6 +359,9 @@ impl TaskLoop {
                 }
             };
             count += 1;
+            if let Ok(info) = message.info() {
+                self.queued = info.pending;
+            }
             let envelope = Envelope::new(message, self.status.held.clone());
             self.intake(envelope).await;
         }
@@ -367,7 +379,8 @@ impl TaskLoop {
         let workers = self.workers.clone();
         match intake::decode_payload(&self.task, &envelope, &workers.payloads).await {
             Ok((work, payload_ref)) => {
-                let tokens = work.tokens();
+                let counter = self.counter().await;
+                let (work, tokens) = tokens::count_work(&counter, work).await;
                 self.carry.push_back(Pending {
                     envelope,
                     work,
@@ -382,6 +395,51 @@ impl TaskLoop {
             }
         }
     }
+}
+
+impl TaskLoop {
+    /// The token counter of the desired placement's model, read from its folder the first
+    /// time (off the loop: it is file I/O).
+    async fn counter(&mut self) -> Arc<TokenCounter> {
+        let desired = self.placement.borrow().clone();
+        if let Some(counter) = &self.counter {
+            if counter.model_key == desired.model_key {
+                return counter.clone();
+            }
+        }
+        let model_key = desired.model_key.clone();
+        let counter = tokio::task::spawn_blocking(move || TokenCounter::for_placement(&desired))
+            .await
+            .unwrap_or_else(|_| TokenCounter::estimating(&model_key));
+        let counter = Arc::new(counter);
+        tracing::info!(
+            task = %self.task,
+            model_key = %counter.model_key,
+            exact = counter.is_exact(),
+            "counting tokens for batching"
+        );
+        self.counter = Some(counter.clone());
+        counter
+    }
+}
+
+/// How many messages to ask for while filling a batch, or `None` to send it now: when the
+/// token budget is reached, the batch wait is over, or the queue held nothing more when the
+/// last message reached us (waiting would only delay a lone request). Never more than the
+/// queue holds, so a pull does not wait out its expiry for messages that are not there.
+fn fill_want(
+    tokens: usize,
+    held: usize,
+    budget: usize,
+    queued: u64,
+    remaining: Duration,
+) -> Option<usize> {
+    if tokens >= budget || remaining < Duration::from_millis(1) || queued == 0 {
+        return None;
+    }
+    let per_message = (tokens / held.max(1)).max(1);
+    let want = ((budget - tokens) / per_message).clamp(1, MAX_PULL);
+    Some(want.min(usize::try_from(queued).unwrap_or(usize::MAX)))
 }
 
 /// How often held messages get a progress ack: three times per `ack_wait`.
@@ -647,5 +705,34 @@ async fn call_runtime(
             let results = backend.classify(batch_id, items, deadline_ms).await?;
             Ok(results.into_iter().map(Answer::Probabilities).collect())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_millis(5);
+
+    #[test]
+    fn a_lone_request_is_sent_at_once() {
+        // One message held, nothing else in the queue: no wait, whatever the batch wait.
+        assert_eq!(fill_want(30, 1, 32768, 0, Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn a_batch_fills_only_with_what_the_queue_holds() {
+        assert_eq!(fill_want(30, 1, 32768, 3, WAIT), Some(3));
+        // 100 tokens per message so far: room for 327 more, at most MAX_PULL in one pull.
+        assert_eq!(fill_want(100, 1, 32768, 10_000, WAIT), Some(MAX_PULL));
+        assert_eq!(fill_want(30_000, 300, 32768, 10_000, WAIT), Some(27));
+    }
+
+    #[test]
+    fn a_full_budget_or_a_spent_wait_sends_the_batch() {
+        assert_eq!(fill_want(32768, 9, 32768, 50, WAIT), None);
+        assert_eq!(fill_want(40000, 9, 32768, 50, WAIT), None);
+        assert_eq!(fill_want(30, 1, 32768, 50, Duration::ZERO), None);
+        assert_eq!(fill_want(0, 0, 32768, 1, WAIT), Some(1));
     }
 }

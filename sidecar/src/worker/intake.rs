@@ -214,11 +214,6 @@ async fn fetch_inputs(store: &ObjectStore, key: &str) -> Result<Vec<String>> {
         .map_err(|e| Error::BadPayload(format!("payload object {key:?} is not [str]: {e}")))
 }
 
-/// The batching estimate of tokens: a quarter of the characters (at least one per text).
-pub fn estimate_tokens(texts: &[String]) -> usize {
-    texts.iter().map(|t| (t.chars().count() / 4).max(1)).sum()
-}
-
 #[cfg(test)]
 #[path = "intake_fuzz_test.rs"]
 mod fuzz_test;
