@@ -42,6 +42,7 @@ sysdeps:
 	@need=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$$need postgresql"; \
 	test -x /usr/bin/chromium || need="$$need chromium"; \
+	test -x /usr/bin/time || need="$$need time"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing system packages:$$need"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -94,6 +95,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/lora_german_legal.py
 	$(PY) benchmarks/rerank_german_legal.py
 	$(PY) benchmarks/area_german_legal.py
+	$(PY) benchmarks/lora_memory.py --report
 	$(PY) benchmarks/serving_throughput.py
 	$(PY) benchmarks/reliability.py
 

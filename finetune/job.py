@@ -49,6 +49,7 @@ def train_adapter(
     query_prefix: str = "",
     passage_prefix: str = "",
     on_step: StepCallback | None = None,
+    checkpointing: bool = True,
 ) -> TrainedAdapter:
     """Train and write the adapter (peft files only) into out_dir, which must not exist yet."""
     spec = ModelSpec(
@@ -83,6 +84,7 @@ def train_adapter(
         query_prefix=query_prefix,
         passage_prefix=passage_prefix,
         on_step=on_step,
+        checkpointing=checkpointing,
     )
     save_adapter(model, out_dir)
     return TrainedAdapter(path=out_dir, result=result, model=model, mining_seconds=mining_seconds)

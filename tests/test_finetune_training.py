@@ -64,6 +64,26 @@ def test_loss_goes_down_and_run_is_deterministic(
     assert other_seed.result.losses != losses
 
 
+def test_gradient_checkpointing_changes_no_value(
+    suite: SuiteSpec, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    # BERT's own dropout (0.1) is active while training: the recomputed forward pass must
+    # replay the same masks for the adapters to match.
+    data = load_training_pairs(suite)
+    hp = FAST.with_overrides(epochs=2)
+    kept = train_adapter(tiny_model_path, data, hp, tmp_path / "kept", checkpointing=False)
+    recomputed = train_adapter(tiny_model_path, data, hp, tmp_path / "recomputed")
+    assert (kept.result.gradient_checkpointing, recomputed.result.gradient_checkpointing) == (
+        False,
+        True,
+    )
+    assert recomputed.result.losses == kept.result.losses
+    weights = "adapter_model.safetensors"
+    assert file_sha256(recomputed.path / weights) == file_sha256(kept.path / weights)
+    # Off again after training: the served/evaluated model runs plainly.
+    assert not recomputed.model[0].auto_model.get_base_model().is_gradient_checkpointing
+
+
 def test_serving_encoder_reproduces_training_time_embeddings(
     suite: SuiteSpec, tiny_model_path: Path, tmp_path: Path
 ) -> None:
