@@ -188,6 +188,22 @@ def test_help_explains_the_server() -> None:
     assert "--socket" in out and "--device" in out and "shutdown" in out
 
 
+def test_openmp_threads_sleep_unless_told_otherwise() -> None:
+    probe = (
+        "import os, sys; from serving.runtime import server; "
+        "assert 'torch' not in sys.modules, 'torch loaded before the defaults'; "
+        "server.cpu_thread_defaults(); print(os.environ['OMP_WAIT_POLICY'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(REPO)
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        run_env = env if given is None else {**env, "OMP_WAIT_POLICY": given}
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == expected
+
+
 def test_hello_reports_protocol_and_runtime(server: Path) -> None:
     async def scenario(c: Conn) -> tuple[Any, Any]:
         ok = await c.call(p.HelloRequest(id=1, protocol=1, client="test"))

@@ -20,7 +20,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -343,8 +343,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def cpu_thread_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    """OpenMP's defaults for a runtime that shares its CPUs, set before torch loads.
+
+    libgomp's threads spin between parallel regions. The runtime shares its cores with the
+    sidecar, the gateway, nats-server and the callers, so a spinning thread holds a core that a
+    reply needs, and a descheduled one stalls its partner at the next barrier: on the shared
+    2-core machine, 32 one-text requests in flight ran at 2.5 texts/s with spinning threads and
+    28.5 with sleeping ones (benchmarks/peer.py, same run). An explicit OMP_WAIT_POLICY wins.
+    """
+    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    cpu_thread_defaults()
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
