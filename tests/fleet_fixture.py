@@ -301,11 +301,32 @@ class LocalFleet:
         assert self.nats is not None
         return asyncio.run(_heartbeats(self.nats.url))
 
+    def heartbeat(self, worker_id: str) -> p.WorkerHeartbeat | None:
+        """One worker's current KV `workers` value: a direct get, cheap to poll every few ms
+        (``heartbeats`` makes a consumer per call, and JetStream limits their number)."""
+        assert self.nats is not None
+        return asyncio.run(_heartbeat(self.nats.url, worker_id))
+
 
 async def _ensure_layout(url: str) -> None:
     nc = await nats.connect(servers=url.split(","))
     try:
         await ensure_layout(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+async def _heartbeat(url: str, worker_id: str) -> p.WorkerHeartbeat | None:
+    from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+    nc = await nats.connect(url)
+    try:
+        kv = (await ensure_layout(nc.jetstream())).workers
+        try:
+            entry = await kv.get(worker_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        return decode_heartbeat(entry.value) if entry.value else None
     finally:
         await nc.close()
 

@@ -63,7 +63,7 @@ def runtime_pid(sidecar: SidecarProcess, timeout_s: float = 60.0) -> int:
 
 
 def holds_messages(fleet: LocalFleet, sidecar: SidecarProcess, task: str) -> bool:
-    beat = fleet.heartbeats().get(sidecar.worker_id)
+    beat = fleet.heartbeat(sidecar.worker_id)
     return beat is not None and beat.queue_depth.get(task, 0) > 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -20,6 +20,7 @@ from serving import nats_layout
 from serving.protocol import QueuePayload, ReplyError, ReplyOk, from_wire, pack, unpack
 from tests.fleet_fixture import LocalFleet, register_served_task
 from tests.nats_fixture import unique_task
+from tests.test_fleet_metrics import value
 
 SIDECAR_ARGS = [
     "--heartbeat-ms", "300",
@@ -35,9 +36,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
 
 
 async def _publish_and_collect(
-    url: str, task: str, requests: list[tuple[list[str], int]], wait_s: float
+    url: str,
+    task: str,
+    requests: list[tuple[list[str], int]],
+    wait_s: float,
+    after_first: Callable[[], Awaitable[None]] | None = None,
 ) -> list[ReplyOk | ReplyError | None]:
-    """Publish each (texts, deadline in ms from now) and return each one's reply (or None)."""
+    """Publish each (texts, deadline in ms from now) and return each one's reply (or None);
+    ``after_first`` runs between the first publish and the others."""
     nc = await nats.connect(url)
     replies: dict[str, ReplyOk | ReplyError] = {}
     prefix = f"_tf.test.{uuid.uuid4().hex[:8]}."
@@ -63,6 +69,8 @@ async def _publish_and_collect(
             }
             payload = pack(QueuePayload(task=task, kind="passage", inputs=texts))
             await js.publish(nats_layout.task_subject(task), payload, headers=headers)
+            if after_first is not None and len(ids) == 1:
+                await after_first()
         end = time.monotonic() + wait_s
         while time.monotonic() < end and len(replies) < len(ids):
             await asyncio.sleep(0.1)
@@ -80,10 +88,23 @@ def test_request_queued_behind_a_long_batch_is_dropped_not_computed(
     assert fleet.nats is not None
     clause = "der vermieter kann das mietverhältnis kündigen "
     long_texts = [f"§ {i} " + clause * 40 for i in range(384)]
+
+    async def long_batch_sent() -> None:
+        # A lone request is sent at once, so the short one could reach the runtime before the
+        # long batch does: it is published once the long batch has gone to the runtime.
+        deadline = time.monotonic() + 60
+        while value(fleet.sidecar_metrics(), "taskfleet_sidecar_batches_total", task=task) < 1:
+            assert time.monotonic() < deadline, fleet.logs()
+            await asyncio.sleep(0.02)
+
     started = time.monotonic()
     long, short = asyncio.run(
         _publish_and_collect(
-            fleet.nats.url, task, [(long_texts, 120_000), (["kurze frage"], 1_500)], wait_s=120
+            fleet.nats.url,
+            task,
+            [(long_texts, 120_000), (["kurze frage"], 1_500)],
+            wait_s=120,
+            after_first=long_batch_sent,
         )
     )
     took = time.monotonic() - started
