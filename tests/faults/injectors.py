@@ -89,6 +89,14 @@ def kill_sidecar(sidecar: SidecarProcess, *, restart: bool = False) -> Window:
     return window.close()
 
 
+def freeze_runtime(sidecar: SidecarProcess) -> int:
+    """SIGSTOP the sidecar's runtime: batches sent to it stay unanswered, so the sidecar holds
+    their messages until the runtime is killed (``kill_sidecar`` kills it with the sidecar)."""
+    pid = runtime_pid(sidecar)
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 def kill_runtime(sidecar: SidecarProcess) -> Window:
     """SIGKILL the sidecar's runtime; the sidecar restarts it and reloads its models."""
     window = Window("kill -9 runtime")

@@ -197,7 +197,7 @@ def kill_sidecar_under_load(
 
 
 def holds_loop(fleet: LocalFleet, worker_id: str, task: str) -> bool:
-    beat = fleet.heartbeats().get(worker_id)
+    beat = fleet.heartbeat(worker_id)
     return beat is not None and task in beat.epochs
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.counting import Call, CountingClient, Tally
-from tests.faults.injectors import kill_sidecar, wait_holding
+from tests.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
 from tests.faults.reference import Reference
 from tests.faults.scenarios import serve
 from tests.fleet_fixture import LocalFleet, wait_until
@@ -47,6 +47,10 @@ def _stream_with_kill(
     caller = threading.Thread(target=lambda: asyncio.run(stream()))
     caller.start()
     wait_until(lambda: tally.sent >= 30, timeout_s=60, every_s=0.01)
+    # A tiny model answers in milliseconds and a lone request is sent at once, so a worker
+    # may hold nothing at the instant of a kill; with its runtime frozen, what it pulled stays
+    # held until the kill.
+    freeze_runtime(victim)
     wait_holding(fleet, victim, task)
     kill_sidecar(victim, restart=restart)
     caller.join()

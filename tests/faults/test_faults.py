@@ -120,7 +120,7 @@ def test_memory_budget_full_evicts_and_loses_nothing(
             tasks[task], keys[task] = reference, sc.served_model_key(fleet, f"m-{task}")
         sc.wait_until(
             lambda: all(
-                t in (beat.queue_depth if (beat := fleet.heartbeats().get(s.worker_id)) else {})
+                t in (beat.queue_depth if (beat := fleet.heartbeat(s.worker_id)) else {})
                 for s in fleet.sidecars
                 for t in tasks
             ),
