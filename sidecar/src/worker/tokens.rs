@@ -104,6 +104,26 @@ impl TokenCounter {
             })
             .sum()
     }
+
+    /// Tokens of (query, document) pairs, each encoded as one sequence the way a cross-encoder
+    /// reads it (`[CLS] query [SEP] document [SEP]`, cut longest-first to the limit).
+    pub fn count_pairs(&self, query: &str, documents: &[String]) -> usize {
+        let estimate = || {
+            let query_tokens = estimate_tokens(&[query.to_string()]);
+            query_tokens * documents.len() + estimate_tokens(documents)
+        };
+        let Some(tokenizer) = &self.tokenizer else {
+            return estimate();
+        };
+        let mut total = 0;
+        for document in documents {
+            match tokenizer.encode((query, document.as_str()), true) {
+                Ok(encoding) => total += encoding.len().max(1),
+                Err(_) => return estimate(),
+            }
+        }
+        total
+    }
 }
 
 /// Counts on the blocking pool when the request is large; the texts come back with the count.
@@ -201,7 +221,11 @@ mod tests {
         "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}},
                    {"Sequence": {"id": "A", "type_id": 0}},
                    {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
         "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
                            "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
       "decoder": null,
@@ -244,6 +268,25 @@ mod tests {
         // The placement's own max_seq_length wins over the folder's.
         let counter = counter_in(dir.path(), Some(4));
         assert_eq!(counter.count(TextKind::Passage, &texts(&[&long])), 4);
+    }
+
+    #[test]
+    fn counts_pairs_as_one_sequence_each() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), WORDPIECE).unwrap();
+        let counter = counter_in(dir.path(), Some(8));
+        // [CLS] der [SEP] haus [SEP] + [CLS] der [SEP] miet ##er haus [SEP]
+        let documents = texts(&["Haus", "Mieter Haus"]);
+        assert_eq!(counter.count_pairs("der", &documents), 5 + 7);
+        // Longest first to the limit: 8 tokens, however long the document.
+        let long = texts(&[&["haus"; 50].join(" ")]);
+        assert_eq!(counter.count_pairs("der", &long), 8);
+        // Without a tokenizer: the query counts once per document.
+        let estimating = TokenCounter::estimating("m");
+        assert_eq!(
+            estimating.count_pairs(&"q".repeat(40), &documents),
+            10 * 2 + 1 + 2
+        );
     }
 
     #[test]
