@@ -97,7 +97,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/area_german_legal.py
 	$(PY) benchmarks/lora_memory.py --report
 	$(PY) benchmarks/serving_throughput.py
-	$(PY) benchmarks/peer.py --report
+	$(PY) benchmarks/peer.py --report --infinity-venv $(INFINITY_VENV)
 	$(PY) benchmarks/reliability.py
 
 clean:

@@ -214,13 +214,11 @@ def start_taskfleet(home: Path, model_path: Path) -> Endpoint:
 
 
 def infinity_python(venv: Path) -> Path:
-    python = venv / "bin" / "python"
     if not (venv / "bin" / "infinity_emb").is_file():
         raise EngineUnavailable(
-            f"no infinity-emb in {venv} (`make infinity` of issue 14 creates it; or "
-            f"--infinity-venv)"
+            f"no infinity-emb in {venv} (`make infinity` creates it; or --infinity-venv)"
         )
-    return python
+    return venv / "bin" / "python"
 
 
 def _has_modules(python: Path, *modules: str) -> bool:
@@ -252,10 +250,10 @@ def export_onnx(python: Path, model_path: Path, out: Path, max_seq_length: int) 
 def start_infinity(
     venv: Path, engine: str, model_path: Path, workdir: Path, max_seq_length: int
 ) -> Endpoint:
-    from serving.embedded_nats import free_port
+    from tests.infinity_fixture import TORCH_ENGINE, InfinityServer
 
     python = infinity_python(venv)
-    extra: list[str] = []
+    engine_args: Sequence[str] = TORCH_ENGINE
     folder = model_path
     if engine == "infinity-optimum":
         if not _has_modules(python, "optimum", "onnxruntime"):
@@ -264,52 +262,16 @@ def start_infinity(
                 f"onnxruntime) in {venv}; it holds only the torch engine"
             )
         folder = export_onnx(python, model_path, workdir / "onnx", max_seq_length)
-        extra = ["--engine", "optimum", "--pooling-method", "mean"]
-    else:
-        extra = ["--engine", "torch", "--no-bettertransformer", "--no-compile"]
-    port = free_port()
-    command = [
-        str(venv / "bin" / "infinity_emb"), "v2", "--model-id", ".",
-        "--served-model-name", SERVED_NAME, "--device", "cpu", "--batch-size", "32",
-        "--host", "127.0.0.1", "--port", str(port), *extra,
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "INFINITY_ANONYMOUS_USAGE_STATS": "0",
-        "DO_NOT_TRACK": "1",
-    }
-    log_path = workdir / f"{engine}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def stop() -> None:
-        _terminate(proc)
-
-    _wait_http(f"{url}/models", proc, log_path, 300, stop)
-    return Endpoint(engine, url, SERVED_NAME, stop)
-
-
-def _wait_http(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float, stop: Callable[[], None]
-) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise EngineUnavailable(f"exited at start:\n{log.read_text(errors='replace')[-1500:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    stop()
-    raise EngineUnavailable(f"did not answer within {timeout_s:.0f} s")
+        engine_args = ("--engine", "optimum", "--pooling-method", "mean")
+    server = InfinityServer(
+        folder, workdir / f"{engine}.log", venv=venv, engine_args=engine_args,
+        served_name=SERVED_NAME,
+    )  # fmt: skip
+    try:
+        server.start()
+    except RuntimeError as exc:
+        raise EngineUnavailable(str(exc)) from exc
+    return Endpoint(engine, server.url, SERVED_NAME, server.stop)
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -22,12 +22,27 @@ from serving.embedded_nats import free_port
 REPO = Path(__file__).resolve().parent.parent
 INFINITY_VENV = Path(os.environ.get("INFINITY_VENV", REPO / ".venv-infinity"))
 INFINITY_BIN = INFINITY_VENV / "bin" / "infinity_emb"
+TORCH_ENGINE = ("--engine", "torch", "--no-bettertransformer", "--no-compile")
 
 
 class InfinityServer:
-    def __init__(self, model_dir: Path, log_path: Path, *, batch_size: int = 32) -> None:
-        if not INFINITY_BIN.is_file():
-            raise RuntimeError(f"{INFINITY_BIN} is missing: run `make infinity` first")
+    def __init__(
+        self,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        batch_size: int = 32,
+        venv: Path = INFINITY_VENV,
+        engine_args: Sequence[str] = TORCH_ENGINE,
+        served_name: str | None = None,
+    ) -> None:
+        """``engine_args``: the engine and its options (default: torch, plain); ``served_name``:
+        the model name requests carry (default: infinity's own, the model id ".")."""
+        self.binary = venv / "bin" / "infinity_emb"
+        if not self.binary.is_file():
+            raise RuntimeError(f"{self.binary} is missing: run `make infinity` first")
+        self.engine_args = list(engine_args)
+        self.served_name = served_name
         self.model_dir = model_dir
         self.log_path = log_path
         self.port = free_port()
@@ -37,16 +52,15 @@ class InfinityServer:
         self.started_at = 0.0
 
     def command(self) -> list[str]:
+        named = ["--served-model-name", self.served_name] if self.served_name else []
         return [
-            str(INFINITY_BIN), "v2",
-            "--model-id", ".",
-            "--engine", "torch",
+            str(self.binary), "v2",
+            "--model-id", ".", *named,
             "--device", "cpu",
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--batch-size", str(self.batch_size),
-            "--no-bettertransformer",
-            "--no-compile",
+            *self.engine_args,
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 300.0) -> InfinityServer:
