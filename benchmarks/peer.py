@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.serving_throughput import (  # noqa: E402
     CORPUS,
     TASK,
+    Measure,
     load_passages,
     machine,
     start_stack,
@@ -86,27 +87,17 @@ class Check:
         self.min_cos = min(self.min_cos, other.min_cos)
 
 
-@dataclass(frozen=True)
-class Throughput:
-    texts: int
-    seconds: float
-
-    @property
-    def per_second(self) -> float:
-        return self.texts / self.seconds
-
-
 @dataclass
 class Results:
     """Everything measured for one engine over all rounds."""
 
-    k1: list[Throughput] = field(default_factory=list)
-    k8: list[Throughput] = field(default_factory=list)
+    k1: list[Measure] = field(default_factory=list)
+    k8: list[Measure] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     check: Check = field(default_factory=Check)
 
     def best(self, mode: str) -> float:
-        runs: list[Throughput] = getattr(self, mode)
+        runs: list[Measure] = getattr(self, mode)
         return max(t.per_second for t in runs)
 
     def latency(self, quantile: float) -> float:
@@ -150,7 +141,7 @@ async def throughput(
     reference: Reference,
     per_request: int,
     concurrency: int,
-) -> tuple[Throughput, Check]:
+) -> tuple[Measure, Check]:
     starts = list(range(0, len(texts), per_request))
     queue: asyncio.Queue[int] = asyncio.Queue()
     for start in starts:
@@ -170,7 +161,7 @@ async def throughput(
         await asyncio.gather(*(caller() for _ in range(concurrency)))
     finally:
         await client.close()
-    return Throughput(len(texts), time.perf_counter() - started), check
+    return Measure(len(texts), time.perf_counter() - started), check
 
 
 async def latencies(
@@ -292,7 +283,7 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
 class Run:
     args: argparse.Namespace
     texts: int = 0
-    in_process: list[Throughput] = field(default_factory=list)
+    in_process: list[Measure] = field(default_factory=list)
     results: dict[str, Results] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     loads: list[float] = field(default_factory=list)
@@ -341,7 +332,7 @@ def measure(args: argparse.Namespace) -> Run:
             run.loads.append(os.getloadavg()[0])
             started = time.perf_counter()
             model.encode(texts, batch_size=32)
-            run.in_process.append(Throughput(len(texts), time.perf_counter() - started))
+            run.in_process.append(Measure(len(texts), time.perf_counter() - started))
             print(f"round {round_ + 1}: in-process {run.in_process[-1].per_second:.1f}/s")
             # Rotate the order each round, so no engine always runs right after another.
             shift = round_ % max(1, len(endpoints))
