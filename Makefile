@@ -98,6 +98,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/lora_memory.py --report
 	$(PY) benchmarks/serving_throughput.py
 	$(PY) benchmarks/peer.py --report --infinity-venv $(INFINITY_VENV)
+	$(PY) benchmarks/padding.py --report
 	$(PY) benchmarks/reliability.py
 
 clean:

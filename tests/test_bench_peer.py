@@ -1,6 +1,7 @@
-"""Seconds-long smoke run of benchmarks/peer.py on the tiny model, without infinity: the real
-stack (`taskfleet up`) through the stock openai client, every reply checked against in-process,
-the report and its plot written; an engine that cannot run is named in the report, not fatal."""
+"""Seconds-long smoke runs of benchmarks/peer.py and padding.py on the tiny model. peer.py
+without infinity: the real stack (`taskfleet up`) through the stock openai client, every reply
+checked against in-process, the report and its plot written; an engine that cannot run is
+named in the report, not fatal."""
 
 from __future__ import annotations
 
@@ -43,3 +44,22 @@ def test_a_wrong_vector_is_counted() -> None:
     assert (good.replies, good.wrong, good.min_cos) == (2, 0, 1.0)
     bad = reference.check([1], np.asarray([[0.1, 1.0, 0]]))
     assert bad.wrong == 1 and bad.min_cos < 0.9999
+
+
+def test_padding_benchmark_smoke(tmp_path: Path, tiny_model_path: Path) -> None:
+    from benchmarks import padding
+
+    report = tmp_path / "padding.md"
+    code = padding.main(
+        [
+            "--base-path", str(tiny_model_path), "--passages", "40", "--rounds", "1",
+            "--report", "--report-path", str(report),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    text = report.read_text()
+    # Cut by length, a call pads at most 10% and never more than the one-pass plan.
+    for group in padding.GROUPS:
+        old = float(text.split(f"| {group} texts | 1 | ")[1].split("x")[0])
+        new = float(text.split(f"| {group} texts | 0.1 | ")[1].split("x")[0])
+        assert new <= min(old, 1.10)

@@ -81,8 +81,8 @@ class Batch:
 
 #: Share of a forward pass's padded tokens that may be padding before the planner cuts a new
 #: pass. On a CPU the cost of a pass is its padded tokens, so ragged passes waste time: with
-#: MiniLM, 10 ragged GerLayQA texts per pass cost 1.55x their real tokens (24.7 texts/s against
-#: 36.4 for passes cut by length).
+#: MiniLM, calls of 10 ragged GerLayQA texts padded to 1.55x their real tokens in one pass
+#: (49.9 texts/s) and to 1.07x cut at 10% (61.8 texts/s; reports/serving/padding.md).
 DEFAULT_MAX_PADDING = 0.10
 #: Texts tokenised (and planned) together: the runtime's requests fit in one chunk (the gateway
 #: takes at most 2048 texts); an eval corpus is encoded chunk by chunk.
