@@ -114,15 +114,25 @@ def gradient_checkpointing(model: Any, *, enabled: bool = True) -> Iterator[bool
     network = model[0].auto_model
     base = network.get_base_model() if hasattr(network, "get_base_model") else network
     supported = enabled and bool(getattr(base, "supports_gradient_checkpointing", False))
+    # transformers 5 renamed gradient checkpointing to activation checkpointing (the old name
+    # warns and goes in 6).
+    renamed = hasattr(base, "activation_checkpointing_enable")
     if supported:
         # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings'
         # outputs (each checkpointed layer's input) need no gradient.
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if renamed:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     try:
         yield supported
     finally:
         if supported:
-            base.gradient_checkpointing_disable()
+            if renamed:
+                base.activation_checkpointing_disable()
+            else:
+                base.gradient_checkpointing_disable()
 
 
 def trainable_parameters(model: Any) -> list[Any]:
