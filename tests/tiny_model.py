@@ -102,12 +102,19 @@ def build_tiny_model(
 
 
 def build_tiny_adapter(
-    base_path: Path, path: Path, seed: int = 1, rank: int = 4, alpha: int = 8
+    base_path: Path,
+    path: Path,
+    seed: int = 1,
+    rank: int = 4,
+    alpha: int = 8,
+    target_modules: tuple[str, ...] = ("query", "value"),
+    **lora: Any,
 ) -> Path:
     """Write a peft LoRA adapter for a tiny base with random, nonzero A *and* B weights.
 
     Default LoRA init sets B to zero (the adapter would be a no-op); ``init_lora_weights=False``
-    makes it change the outputs, which is what tests need to tell adapters apart.
+    makes it change the outputs, which is what tests need to tell adapters apart. ``lora``
+    passes further ``LoraConfig`` fields (``use_dora``, ``use_rslora``, ...).
     """
     import torch
     from peft import LoraConfig, get_peft_model
@@ -117,8 +124,9 @@ def build_tiny_adapter(
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
-        target_modules=["query", "value"],
+        target_modules=list(target_modules),
         init_lora_weights=False,
+        **lora,
     )
     torch.manual_seed(seed)
     transformer: Any = model[0]

@@ -9,9 +9,11 @@ tokenisation, so no text is tokenised twice. A (query, passage) pair is encoded 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TextKind = Literal["query", "passage"]
+#: Entered around one forward pass with the (input) indices of its rows, in row order.
+AroundPass = Callable[[list[int]], AbstractContextManager[Any]]
 
 
 class ModelLoadError(RuntimeError):
@@ -177,20 +181,30 @@ class Encoder:
         return PairTokenizer(self.model.tokenizer, self.max_seq_length).lengths(pairs)
 
     def iter_batches(
-        self, texts: Sequence[str], kind: TextKind = "passage"
+        self,
+        texts: Sequence[str],
+        kind: TextKind = "passage",
+        *,
+        around_pass: AroundPass | None = None,
     ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
         """Yield (indices, embeddings, stats) per forward pass (see ``plan_batches``)."""
         prefix = self.spec.prefix(kind)
-        prepared = [prefix + t for t in texts]
+        yield from self.iter_prepared([prefix + t for t in texts], around_pass=around_pass)
+
+    def iter_prepared(
+        self, prepared: Sequence[str], *, around_pass: AroundPass | None = None
+    ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
+        """``iter_batches`` of texts that already carry their prefix. ``around_pass`` is
+        entered around each forward pass with the indices of its rows, in row order."""
         # Planned in chunks, so that one padded tokenisation of a whole eval corpus is never
         # held at once (a chunk is at most TOKENISE_CHUNK x max_seq_length ids).
         for start in range(0, len(prepared), TOKENISE_CHUNK):
-            chunk = prepared[start : start + TOKENISE_CHUNK]
-            for indices, vectors, stats in self._iter_chunk(chunk):
+            chunk = list(prepared[start : start + TOKENISE_CHUNK])
+            for indices, vectors, stats in self._iter_chunk(chunk, start, around_pass):
                 yield [start + i for i in indices], vectors, stats
 
     def _iter_chunk(
-        self, prepared: list[str]
+        self, prepared: list[str], start: int, around_pass: AroundPass | None
     ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
         features = self._preprocess(prepared)
         real = _real_lengths(features, len(prepared))
@@ -203,7 +217,14 @@ class Encoder:
             else:
                 width = max(lengths[i] for i in batch.indices)
                 part = _slice_rows(features, batch.indices, width, self._pads_left())
-            yield self._forward(batch, lengths, part)
+            around = (
+                around_pass([start + i for i in batch.indices])
+                if around_pass is not None
+                else contextlib.nullcontext()
+            )
+            with around:
+                result = self._forward(batch, lengths, part)
+            yield result
 
     def iter_pair_batches(
         self, pairs: Sequence[tuple[str, str]]
@@ -257,9 +278,20 @@ class Encoder:
         self, texts: Sequence[str], kind: TextKind = "passage"
     ) -> tuple[np.ndarray, EncodeStats]:
         """Encode all texts, returning vectors in input order and the measured cost."""
-        result = np.zeros((len(texts), self.dims), dtype=np.float32)
+        return self._collect(len(texts), self.iter_batches(texts, kind))
+
+    def encode_prepared(
+        self, prepared: Sequence[str], *, around_pass: AroundPass | None = None
+    ) -> tuple[np.ndarray, EncodeStats]:
+        """``encode`` of texts that already carry their prefix (see ``iter_prepared``)."""
+        return self._collect(len(prepared), self.iter_prepared(prepared, around_pass=around_pass))
+
+    def _collect(
+        self, count: int, passes: Iterator[tuple[list[int], np.ndarray, EncodeStats]]
+    ) -> tuple[np.ndarray, EncodeStats]:
+        result = np.zeros((count, self.dims), dtype=np.float32)
         total = EncodeStats()
-        for indices, vectors, stats in self.iter_batches(texts, kind):
+        for indices, vectors, stats in passes:
             result[indices] = vectors
             total.add(stats)
         return result, total

@@ -3,8 +3,12 @@
 Many model keys can name the same base; the base is loaded once and each adapter is a named
 peft adapter on it, with the task head its artifact carries (a cross-encoder's ``score`` head, a
 classifier's ``classify`` head). So an embedding task, a rerank task and a classification task
-fine-tuned from one base share that base in memory. Every op activates the right adapter (or
-disables all of them for a plain base key) group by group, so one request may mix adapters.
+fine-tuned from one base share that base in memory. For ``encode``, the rows of one request that
+share a base (and a maximum sequence length) are tokenised together and run in the same forward
+passes whatever their adapters: each LoRA layer adds every row's own adapter delta
+(``serving.runtime.bgmv``). Adapters that cannot be stacked (DoRA, LoRA on embeddings, ...) and
+``mixed_adapters=False`` fall back to one group of passes per (model key, kind) with that adapter
+activated, as peft runs them; ``score`` and ``classify`` run one group per model key.
 
 Not thread-safe: the socket server confines every call except :meth:`ModelPool.snapshot` to
 its single inference thread. ``snapshot`` reads an immutable tuple that is swapped atomically.
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from serving.protocol import ModelStats, TextKind
+from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
     Encoder,
@@ -56,6 +61,9 @@ class _Base:
     memory_bytes: int
     default_max_seq_length: int
     users: set[str] = field(default_factory=set)
+    #: The stacked adapters for mixed passes; rebuilt after an attach or detach.
+    mixed: MixedLora | None = None
+    mixed_stale: bool = True
 
 
 @dataclass
@@ -120,8 +128,11 @@ class ModelPool:
         max_batch_tokens: int | None,
         max_batch_size: int | None,
         max_padding: float | None = None,
+        mixed_adapters: bool = True,
     ) -> None:
+        """``mixed_adapters`` False runs one group of passes per adapter (for comparison)."""
         self.device = device
+        self.mixed_adapters = mixed_adapters
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_padding = max_padding
@@ -189,6 +200,7 @@ class ModelPool:
         base.users.discard(model_key)
         if loaded.adapter_name is not None:
             detach_adapter(base.model, loaded.adapter_name)
+            base.mixed, base.mixed_stale = None, True
         if not base.users:
             freed += base.memory_bytes
         self._forget_base_if_unused(base)
@@ -203,6 +215,7 @@ class ModelPool:
         self._adapter_counter += 1
         name = f"adapter{self._adapter_counter}"
         attach_adapter(base.model, adapter_path, name=name)
+        base.mixed, base.mixed_stale = None, True
         marker = f".{name}."
         adapter_bytes = sum(
             p.numel() * p.element_size()
@@ -227,22 +240,85 @@ class ModelPool:
     def encode(self, items: Sequence[EncodeItem]) -> list[np.ndarray]:
         """Embeddings per item, in item order. Unknown keys fail before any work is done."""
         self._check_loaded(i.model_key for i in items)
-        # Items of one (model key, kind) are encoded together so token batching spans them.
-        groups: dict[tuple[str, TextKind], list[int]] = {}
-        for index, item in enumerate(items):
-            groups.setdefault((item.model_key, item.kind), []).append(index)
         results: list[np.ndarray | None] = [None] * len(items)
-        for (model_key, kind), indices in groups.items():
+        # Rows of one base and one sequence length share their tokenisation and passes.
+        shared: dict[tuple[str, int], list[int]] = {}
+        for index, item in enumerate(items):
+            loaded = self._models[item.model_key]
+            shared.setdefault((loaded.base.key, self._seq_length(loaded)), []).append(index)
+        for (base_key, seq_length), indices in shared.items():
+            base = self._bases[base_key]
+            mixed = self._mixed(base)
+            if mixed is None and self._has_adapters(base):
+                self._encode_grouped(items, indices, results)
+            else:
+                self._encode_mixed(base, mixed, seq_length, items, indices, results)
+        return [r for r in results if r is not None]
+
+    def _seq_length(self, loaded: _Loaded) -> int:
+        return loaded.spec.max_seq_length or loaded.base.default_max_seq_length
+
+    def _has_adapters(self, base: _Base) -> bool:
+        return any(self._models[key].adapter_name is not None for key in base.users)
+
+    def _mixed(self, base: _Base) -> MixedLora | None:
+        """The base's adapters stacked for mixed passes; ``None`` without adapters, when mixing
+        is off, or when one of them cannot be stacked."""
+        if not self.mixed_adapters:
+            return None
+        if base.mixed_stale:
+            names = sorted(
+                name for key in base.users if (name := self._models[key].adapter_name) is not None
+            )
+            base.mixed = mixed_lora(base.model[0].auto_model, names) if names else None
+            base.mixed_stale = False
+        return base.mixed
+
+    def _encode_mixed(
+        self,
+        base: _Base,
+        mixed: MixedLora | None,
+        seq_length: int,
+        items: Sequence[EncodeItem],
+        indices: list[int],
+        results: list[np.ndarray | None],
+    ) -> None:
+        """One tokenisation and one plan for the rows of ``indices``, whatever their adapter."""
+        prepared: list[str] = []
+        slots: list[int] = []
+        for i in indices:
+            loaded = self._models[items[i].model_key]
+            prefix = loaded.spec.prefix(items[i].kind)
+            slot = BASE_SLOT
+            if loaded.adapter_name is not None and mixed is not None:
+                slot = mixed.slots[loaded.adapter_name]
+            prepared.extend(prefix + text for text in items[i].texts)
+            slots.extend([slot] * len(items[i].texts))
+        encoder = self._models[items[indices[0]].model_key].encoder
+        base.model.max_seq_length = seq_length
+        if mixed is None:  # a base without adapters
+            vectors, _ = encoder.encode_prepared(prepared)
+        else:
+            with mixed.active():
+                vectors, _ = encoder.encode_prepared(
+                    prepared, around_pass=lambda rows: mixed.rows([slots[r] for r in rows])
+                )
+        _split(vectors, items, indices, results)
+
+    def _encode_grouped(
+        self, items: Sequence[EncodeItem], indices: list[int], results: list[np.ndarray | None]
+    ) -> None:
+        """Items of one (model key, kind) are encoded together, one adapter active at a time."""
+        groups: dict[tuple[str, TextKind], list[int]] = {}
+        for index in indices:
+            item = items[index]
+            groups.setdefault((item.model_key, item.kind), []).append(index)
+        for (model_key, kind), group in groups.items():
             loaded = self._models[model_key]
-            texts = [t for i in indices for t in items[i].texts]
+            texts = [t for i in group for t in items[i].texts]
             with self._activated(loaded):
                 vectors, _ = loaded.encoder.encode(texts, kind)
-            start = 0
-            for i in indices:
-                count = len(items[i].texts)
-                results[i] = vectors[start : start + count]
-                start += count
-        return [r for r in results if r is not None]
+            _split(vectors, items, group, results)
 
     def score(self, items: Sequence[ScoreWork]) -> list[np.ndarray]:
         """Scores per item (one per passage), in item order; pairs of one model key are
@@ -324,3 +400,17 @@ class ModelPool:
             for m in self._models.values()
         )
         self._snapshot = (total, models)
+
+
+def _split(
+    vectors: np.ndarray,
+    items: Sequence[EncodeItem],
+    indices: list[int],
+    results: list[np.ndarray | None],
+) -> None:
+    """Hand the rows of ``vectors`` back to the items of ``indices``, in order."""
+    start = 0
+    for i in indices:
+        count = len(items[i].texts)
+        results[i] = vectors[start : start + count]
+        start += count

@@ -334,6 +334,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--adapter-batching",
+        choices=["mixed", "grouped"],
+        default="mixed",
+        help=(
+            "mixed: rows for different LoRA adapters of one base share forward passes, each "
+            "row with its own adapter's delta; grouped: one group of passes per adapter, as "
+            "peft runs them (for comparison). Adapters that cannot be stacked (DoRA, LoRA on "
+            "embeddings) always run grouped (default: mixed)"
+        ),
+    )
+    parser.add_argument(
         "--max-frame-bytes",
         type=int,
         default=p.DEFAULT_MAX_FRAME_BYTES,
@@ -370,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size,
         max_padding=args.max_padding,
+        mixed_adapters=args.adapter_batching == "mixed",
     )
     server = RuntimeServer(pool, args.socket, max_frame_bytes=args.max_frame_bytes)
     asyncio.run(server.serve())
