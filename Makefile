@@ -99,6 +99,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/serving_throughput.py
 	$(PY) benchmarks/peer.py --report --infinity-venv $(INFINITY_VENV)
 	$(PY) benchmarks/padding.py --report
+	$(PY) benchmarks/adapters_mixed.py --report
 	$(PY) benchmarks/reliability.py
 
 clean:
