@@ -103,6 +103,11 @@ class Runtime:
             time.sleep(0.1)
         self.client = SocketClient(self.socket_path)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the runtime process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def _listening(self) -> bool:
         if not self.socket_path.exists():
             return False
@@ -174,24 +179,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for runtime in runtimes.values():  # warm-up
                 runtime.infer("warm", batches[most][0])
             best: dict[str, float] = {}
+            best_cpu: dict[str, float] = {}  # texts per CPU-second of the runtime process
             checked = wrong = 0
             worst = 0.0
             for round_ in range(args.rounds):
                 # Configurations alternate infer by infer, so that the load of a shared machine
                 # falls on all of them alike; each adds up the seconds of its own infers.
                 seconds = dict.fromkeys((c.name for c in configs), 0.0)
+                cpu = dict.fromkeys((c.name for c in configs), 0.0)
                 answers: dict[str, list[Any]] = {c.name: [] for c in configs}
                 for i in range(len(batches[most])):
                     for config in configs:
                         rows = batches[config.adapters][i]
-                        started = time.perf_counter()
-                        vectors = runtimes[config.mode].infer(f"r{round_}-{config.name}-{i}", rows)
+                        runtime = runtimes[config.mode]
+                        cpu_before, started = runtime.cpu_seconds(), time.perf_counter()
+                        vectors = runtime.infer(f"r{round_}-{config.name}-{i}", rows)
                         seconds[config.name] += time.perf_counter() - started
+                        cpu[config.name] += runtime.cpu_seconds() - cpu_before
                         if round_ == 0:
                             answers[config.name].append(vectors)
                 rates = {name: len(texts) / spent for name, spent in seconds.items()}
                 for name, rate in rates.items():
                     best[name] = max(best.get(name, 0.0), rate)
+                    per_cpu = len(texts) / max(cpu[name], 1e-9)
+                    best_cpu[name] = max(best_cpu.get(name, 0.0), per_cpu)
                 if round_ == 0:
                     for n in args.adapters:
                         pairs = zip(answers[f"mixed/{n}"], answers[f"grouped/{n}"], strict=True)
@@ -200,12 +211,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             worst = max(worst, float(diff.max()))
                             checked += len(a)
                             wrong += int((diff > TOLERANCE).sum())
-                shown = ", ".join(f"{name}: {rate:.1f}/s" for name, rate in rates.items())
+                shown = ", ".join(
+                    f"{name}: {rate:.1f}/s ({len(texts) / max(cpu[name], 1e-9):.1f}/cpu-s)"
+                    for name, rate in rates.items()
+                )
                 print(f"round {round_ + 1}: {shown}", flush=True)
         finally:
             for runtime in runtimes.values():
                 runtime.close()
-    return {"best": best, "checked": checked, "wrong": wrong, "worst": worst, "texts": len(texts)}
+    return {
+        "best": best,
+        "cpu": best_cpu,
+        "checked": checked,
+        "wrong": wrong,
+        "worst": worst,
+        "texts": len(texts),
+    }
 
 
 def _packaged_model() -> Path:
@@ -215,31 +236,44 @@ def _packaged_model() -> Path:
 
 
 def render(args: argparse.Namespace, found: dict[str, Any], command: str) -> str:
-    best = found["best"]
-    one = min(args.adapters)
-    rows = [
-        f"| {n} | {best[f'mixed/{n}']:.1f} | {best[f'mixed/{n}'] / best[f'mixed/{one}']:.2f}x "
-        f"| {best[f'grouped/{n}']:.1f} | {best[f'grouped/{n}'] / best[f'grouped/{one}']:.2f}x "
-        f"| {best[f'mixed/{n}'] / best[f'grouped/{n}']:.2f}x |"
-        for n in args.adapters
-    ]
-    most = max(args.adapters)
+    best, cpu = found["best"], found["cpu"]
+    one, most = min(args.adapters), max(args.adapters)
+
+    def row(n: int) -> str:
+        m, g = f"mixed/{n}", f"grouped/{n}"
+        return (
+            f"| {n} | {best[m]:.1f} | {best[m] / best[f'mixed/{one}']:.2f}x "
+            f"| {cpu[m]:.1f} | {cpu[m] / cpu[f'mixed/{one}']:.2f}x "
+            f"| {best[g]:.1f} | {best[g] / best[f'grouped/{one}']:.2f}x "
+            f"| {cpu[g]:.1f} | {cpu[g] / cpu[f'grouped/{one}']:.2f}x "
+            f"| {best[m] / best[g]:.2f}x | {cpu[m] / cpu[g]:.2f}x |"
+        )
+
+    rows = [row(n) for n in args.adapters]
     ratio = best[f"mixed/{most}"] / best[f"mixed/{one}"]
-    verdict = "met" if ratio >= 0.8 else f"missed by {0.8 - ratio:.2f}"
-    header = (
-        f"| adapters | mixed texts/s (best of {args.rounds}) | x {one} adapter "
-        f"| grouped texts/s | x {one} adapter | mixed / grouped |"
+    ratio_cpu = cpu[f"mixed/{most}"] / cpu[f"mixed/{one}"]
+    verdict = (
+        "met" if min(ratio, ratio_cpu) >= 0.8 else f"missed by {0.8 - min(ratio, ratio_cpu):.2f}"
     )
+    header = (
+        "| adapters | mixed texts/s | x 1 | mixed texts/cpu-s | x 1 "
+        "| grouped texts/s | x 1 | grouped texts/cpu-s | x 1 | mixed / grouped (wall) "
+        "| (cpu) |"
+    ).replace("x 1", f"x {one}")
     return f"""# Many LoRA adapters on one base: mixed rows in one pass
 
 Generated by `benchmarks/adapters_mixed.py` (do not edit by hand). Command: `{command}`
 
 {header}
-|---|---|---|---|---|---|
+|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-**{most} adapters mixed uniformly: {ratio:.2f}x the throughput of {one}** (target >= 0.8x:
-{verdict}).
+**{most} adapters mixed uniformly: {ratio:.2f}x the throughput of {one} by the clock,
+{ratio_cpu:.2f}x by the runtime's CPU time** (target >= 0.8x: {verdict}).
+
+- Best of {args.rounds} rounds each. texts/s: wall clock of the infers; texts/cpu-s: texts
+  per second of CPU time the runtime process used for them (user + system, from /proc), which
+  other load on a shared machine disturbs far less than the clock.
 
 - *mixed* is the runtime's default (`--adapter-batching mixed`, `serving/runtime/bgmv.py`):
   rows of different adapters of one base share one tokenisation and the same forward passes;
@@ -263,7 +297,7 @@ Generated by `benchmarks/adapters_mixed.py` (do not edit by hand). Command: `{co
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--passages", type=int, default=512, help="texts per configuration")
+    parser.add_argument("--passages", type=int, default=256, help="texts per configuration")
     parser.add_argument("--adapters", default="1,8,32", help="adapter counts (comma-separated)")
     parser.add_argument("--rows", type=int, default=32, help="one-text items per infer")
     parser.add_argument("--rank", type=int, default=16)
