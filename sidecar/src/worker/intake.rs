@@ -9,6 +9,7 @@ use async_nats::jetstream::object_store::ObjectStore;
 use async_nats::HeaderMap;
 use tokio::io::AsyncReadExt;
 
+use super::tokens::estimate_tokens;
 use crate::error::{Error, Result};
 use crate::nats::Payloads;
 use crate::protocol::{self, Inputs, TaskPayload, TextKind};

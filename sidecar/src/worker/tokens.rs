@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use super::intake::Work;
 use crate::protocol::{Placement, TextKind};
 
 /// Above this many texts a request is counted on tokio's blocking pool, not on the loop.
@@ -143,6 +144,39 @@ pub async fn count_tokens(
     let counted = tokio::task::spawn_blocking(move || counter.count(kind, &inner)).await;
     let texts = Arc::try_unwrap(shared).unwrap_or_else(|arc| (*arc).clone());
     (texts, counted.unwrap_or(fallback))
+}
+
+/// Tokens of one request as the runtime will batch it: embed texts with their kind's prefix,
+/// classify texts as queries (the runtime encodes them so), a score request's (query,
+/// document) pairs as one sequence each, so the query counts once per document. Large requests
+/// are counted on the blocking pool; the work comes back with the count.
+pub async fn count_work(counter: &Arc<TokenCounter>, work: Work) -> (Work, usize) {
+    match work {
+        Work::Embed { kind, texts } => {
+            let (texts, tokens) = count_tokens(counter, kind, texts).await;
+            (Work::Embed { kind, texts }, tokens)
+        }
+        Work::Classify { texts } => {
+            let (texts, tokens) = count_tokens(counter, TextKind::Query, texts).await;
+            (Work::Classify { texts }, tokens)
+        }
+        Work::Score { query, documents } => {
+            if documents.len() <= COUNT_INLINE_MAX_TEXTS || !counter.is_exact() {
+                let tokens = counter.count_pairs(&query, &documents);
+                return (Work::Score { query, documents }, tokens);
+            }
+            let shared = Arc::new(Work::Score { query, documents });
+            let fallback = shared.tokens();
+            let (counter, inner) = (counter.clone(), shared.clone());
+            let counted = tokio::task::spawn_blocking(move || match &*inner {
+                Work::Score { query, documents } => counter.count_pairs(query, documents),
+                other => other.tokens(),
+            })
+            .await;
+            let work = Arc::try_unwrap(shared).unwrap_or_else(|arc| (*arc).clone());
+            (work, counted.unwrap_or(fallback))
+        }
+    }
 }
 
 /// The batching estimate without a tokenizer: a quarter of the characters (at least one per
@@ -287,6 +321,29 @@ mod tests {
             estimating.count_pairs(&"q".repeat(40), &documents),
             10 * 2 + 1 + 2
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_counts_as_the_runtime_batches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), WORDPIECE).unwrap();
+        let counter = Arc::new(counter_in(dir.path(), Some(8)));
+        let documents = texts(&["Haus", "Mieter Haus"]);
+        let score = Work::Score {
+            query: "der".into(),
+            documents: documents.clone(),
+        };
+        // Pairs as one sequence each, small or large (counted on the blocking pool).
+        assert_eq!(count_work(&counter, score.clone()).await, (score, 5 + 7));
+        let many = Work::Score {
+            query: "der".into(),
+            documents: vec!["Haus".to_string(); COUNT_INLINE_MAX_TEXTS + 1],
+        };
+        let (back, tokens) = count_work(&counter, many.clone()).await;
+        assert_eq!((back, tokens), (many, 5 * (COUNT_INLINE_MAX_TEXTS + 1)));
+        let classify = Work::Classify { texts: documents };
+        let expected = counter.count(TextKind::Query, &texts(&["Haus", "Mieter Haus"]));
+        assert_eq!(count_work(&counter, classify).await.1, expected);
     }
 
     #[test]
