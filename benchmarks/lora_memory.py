@@ -66,6 +66,7 @@ def finetune_command(args: argparse.Namespace, data_dir: Path) -> list[str]:
 
 
 def measure(args: argparse.Namespace) -> Measured:
+    from evals.suites import declare_builtin
     from registry import Registry
 
     if not TIME.is_file():
@@ -78,6 +79,8 @@ def measure(args: argparse.Namespace) -> Measured:
             f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts", actor="bench"
         )
         try:
+            # Suites are registered data (issue 11): the built-in one as a user would add it.
+            reg.add_suite(declare_builtin(SUITE, data_dir)[0])
             reg.add_task("bench-memory", suite=SUITE)
             reg.add_model("bench-base", path=base)
         finally:
