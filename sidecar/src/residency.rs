@@ -97,6 +97,11 @@ impl Residency {
         })
     }
 
+    /// The artifact cache's folder (`<dir>/sha256/<digest>` per artifact).
+    pub fn artifact_dir(&self) -> &std::path::Path {
+        self.artifacts.dir()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("residency lock")
     }

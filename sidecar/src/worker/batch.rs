@@ -38,8 +38,9 @@ pub(super) struct TaskLoop {
     carry: VecDeque<Pending>,
     /// Messages the consumer still held undelivered when the last one reached us.
     queued: u64,
-    /// Counts tokens with the desired placement's tokenizer; rebuilt when the model changes.
-    counter: Option<Arc<TokenCounter>>,
+    /// Counts tokens with the desired placement's tokenizer; rebuilt when the model changes,
+    /// or once its base folder has reached the artifact cache (the flag: it was there).
+    counter: Option<(Arc<TokenCounter>, bool)>,
     batches: u64,
 }
 
@@ -398,19 +399,27 @@ impl TaskLoop {
 }
 
 impl TaskLoop {
-    /// The token counter of the desired placement's model, read from its folder the first
-    /// time (off the loop: it is file I/O).
+    /// The token counter of the desired placement's model, read from its base folder in the
+    /// artifact cache (off the loop: it is file I/O). A counter built before the base was
+    /// fetched only estimates, so it is read again once the folder is there.
     async fn counter(&mut self) -> Arc<TokenCounter> {
         let desired = self.placement.borrow().clone();
-        if let Some(counter) = &self.counter {
-            if counter.model_key == desired.model_key {
+        let cache = self.workers.residency.artifact_dir().to_path_buf();
+        let base = desired.load_request(&cache).base_path;
+        if let Some((counter, had_base)) = &self.counter {
+            if counter.model_key == desired.model_key
+                && (*had_base || !std::path::Path::new(&base).is_dir())
+            {
                 return counter.clone();
             }
         }
         let model_key = desired.model_key.clone();
-        let counter = tokio::task::spawn_blocking(move || TokenCounter::for_placement(&desired))
-            .await
-            .unwrap_or_else(|_| TokenCounter::estimating(&model_key));
+        let (counter, had_base) = tokio::task::spawn_blocking(move || {
+            let had_base = std::path::Path::new(&base).is_dir();
+            (TokenCounter::for_placement(&desired, &cache), had_base)
+        })
+        .await
+        .unwrap_or_else(|_| (TokenCounter::estimating(&model_key), false));
         let counter = Arc::new(counter);
         tracing::info!(
             task = %self.task,
@@ -418,7 +427,7 @@ impl TaskLoop {
             exact = counter.is_exact(),
             "counting tokens for batching"
         );
-        self.counter = Some(counter.clone());
+        self.counter = Some((counter.clone(), had_base));
         counter
     }
 }

@@ -28,11 +28,12 @@ pub struct TokenCounter {
 }
 
 impl TokenCounter {
-    /// Reads the placement's tokenizer (blocking file I/O: call it off the async loop).
-    pub fn for_placement(placement: &Placement) -> Self {
+    /// Reads the placement's tokenizer from its base model's folder in the artifact cache at
+    /// `cache` (blocking file I/O: call it off the async loop).
+    pub fn for_placement(placement: &Placement, cache: &Path) -> Self {
         Self::load(
             &placement.model_key,
-            Path::new(&placement.base_path),
+            Path::new(&placement.load_request(cache).base_path),
             placement.max_seq_length,
             [&placement.query_prefix, &placement.passage_prefix],
         )
