@@ -93,7 +93,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/runtimes.py
 	$(PY) benchmarks/eval_german_legal.py
 	$(PY) benchmarks/lora_german_legal.py
-	$(PY) benchmarks/rerank_german_legal.py
+	$(PY) benchmarks/rerank_german_legal.py --preset floor --max-steps 120
 	$(PY) benchmarks/area_german_legal.py
 	$(PY) benchmarks/lora_memory.py --report
 	$(PY) benchmarks/serving_throughput.py

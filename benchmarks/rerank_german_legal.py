@@ -121,8 +121,10 @@ def report(bench: Bench, args: Any, hp: Any) -> None:
     trainings: dict[str, dict[str, Any]] = bench.figures.get("training", {})
     used = bench.figures.get("hyperparameters", hp.as_dict())
     suite = reg.get_suite(TASK)
-    command = "`.venv/bin/python benchmarks/rerank_german_legal.py`" + (
-        f" --preset {args.preset}" if args.preset != "default" else ""
+    command = (
+        "`.venv/bin/python benchmarks/rerank_german_legal.py`"
+        + (f" --preset {args.preset}" if args.preset != "default" else "")
+        + (f" --max-steps {args.max_steps}" if args.max_steps else "")
     )
     extra = [
         *comparison_lines(bench.figures.get("comparisons", []), "ndcg_at_10"),
