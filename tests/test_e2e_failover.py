@@ -16,6 +16,7 @@ from nats.js.api import ConsumerInfo
 
 from serving.client import AsyncClient, Client, TaskfleetError
 from serving.nats_layout import TASKS_STREAM, consumer_name
+from tests.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
 from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
 from tests.nats_fixture import unique_task
 
@@ -63,10 +64,6 @@ def test_sigkill_of_a_sidecar_loses_no_request(fleet: LocalFleet, tiny_model_pat
     done = 0
     victim = fleet.sidecars[0]
 
-    def victim_holds_messages() -> bool:
-        beat = fleet.heartbeats().get(victim.worker_id)
-        return beat is not None and beat.queue_depth.get(task, 0) > 0
-
     async def stream() -> None:
         nonlocal done
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -92,8 +89,11 @@ def test_sigkill_of_a_sidecar_loses_no_request(fleet: LocalFleet, tiny_model_pat
 
     def kill_when_busy() -> None:
         wait_until(lambda: done >= 40, timeout_s=40, every_s=0.01)
-        wait_until(victim_holds_messages, timeout_s=20, every_s=0.05)
-        victim.kill()  # SIGKILL: no drain, no ack, no goodbye heartbeat
+        # A tiny model answers in milliseconds, so the victim may hold nothing at the instant
+        # of a kill: with its runtime frozen, what it pulls stays held until the kill.
+        freeze_runtime(victim)
+        wait_holding(fleet, victim, task, timeout_s=20)
+        kill_sidecar(victim)  # SIGKILL: no drain, no ack, no goodbye heartbeat
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
