@@ -183,3 +183,54 @@ def test_a_classification_reply_above_max_payload_comes_through_the_object_store
     np.testing.assert_allclose(got, expected, atol=1e-5)
     offloads = f'taskfleet_sidecar_reply_offloads_total{{task="{task}"}} 1'
     assert offloads in fleet.sidecar_metrics()
+
+
+def test_a_rerank_request_of_2048_long_documents_is_answered_and_2049_refused(
+    fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """2048 documents of ~600 characters are 1.2 MiB of request, above NATS's max_payload: the
+    gateway must move the inputs through the object store, and every score equals the
+    in-process cross-encoder's. One document more is a 400 on the native route and on the
+    Cohere-shape route, and nothing is queued for it."""
+    from evals.rerankers import CrossEncoderReranker
+    from serving.client import Client, TaskfleetError
+    from serving.runtime.encoder import ModelSpec
+
+    base = build_tiny_model(tmp_path / "base", seed=41)
+    head = build_tiny_head(base, tmp_path / "ce", kind="score", seed=42)
+    task = unique_task("wide-rerank")
+    declare_suite(fleet.reg, f"{task}-suite", kind="rerank")
+    placement = register_served_task(
+        fleet.reg, task, base, pinned=True, adapter_dir=head, suite=f"{task}-suite"
+    )
+    fleet.serving(task, placement.epoch)
+    query = "wie lange gilt die kündigungsfrist für eine mietwohnung"
+    documents = [
+        f"§ {i} BGB absatz {i % 7}: " + " ".join(f"wort{(i * 31 + j) % 997}" for j in range(70))
+        for i in range(LIMIT)
+    ]
+    assert sum(len(d) for d in documents) > 1_100_000
+    offloaded_before = _gateway_counter(fleet, "taskfleet_gateway_offloaded_payloads_total")
+    with Client(fleet.gateway_url, max_retries=3) as client:
+        scores = client.rerank(task, query, documents, timeout_ms=DEADLINE_MS)
+        expected = CrossEncoderReranker(ModelSpec(base, head)).scorer().score([(query, documents)])
+        assert len(scores.scores) == LIMIT
+        np.testing.assert_allclose(scores.scores, expected[0], atol=1e-5)
+        with pytest.raises(TaskfleetError) as refused:
+            client.rerank(task, query, [*documents, "eins zu viel"])
+        assert refused.value.status == 400 and "2048" in str(refused.value)
+    cohere_shape = httpx.post(
+        f"{fleet.gateway_url}/v1/rerank",
+        json={"model": task, "query": query, "documents": [*documents, "eins zu viel"]},
+        timeout=60,
+    )
+    assert cohere_shape.status_code == 400 and "2048" in cohere_shape.text
+    offloaded = _gateway_counter(fleet, "taskfleet_gateway_offloaded_payloads_total")
+    assert offloaded == offloaded_before + 1
+
+
+def _gateway_counter(fleet: LocalFleet, name: str) -> float:
+    for line in httpx.get(f"{fleet.gateway_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
