@@ -77,7 +77,7 @@ test-rust: sidecar
 # Tests against the infinity-emb peer need its multi-GB environment, and the Candle runtime a
 # long release build: they run in `make bench`.
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q -m "not infinity and not candle"
+	$(VENV)/bin/pytest -q -m "not infinity and not candle" --durations=30
 
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
 # (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
