@@ -1,0 +1,688 @@
+"""Benchmark: the knee of the central pull queue against a push router, under uneven load.
+
+One fleet, built from the real parts: nats-server, `taskfleet serve --no-auth` (registry on
+SQLite, placement publisher), `taskfleet gateway --no-auth`, and N workers (the real sidecar,
+each supervising its own PyTorch runtime, `OMP_NUM_THREADS=1`). All workers serve the packaged
+all-MiniLM-L6-v2. The load generator sends open-loop Poisson arrivals over HTTP (msgpack) to
+the gateway, stepping the offered rate, and checks every reply against in-process vectors.
+
+Modes, same fleet, same arrivals per rate, modes alternating step by step:
+- **pull** (taskfleet): every request goes to task `knee-pull`, placed on all N workers; their
+  sidecars pull from its one JetStream queue (the product, default sidecar settings).
+- **push-rr** / **push-lo**: a router assigns each request to one worker up front. Emulated
+  without product changes: each worker also serves a task of its own (`knee-w<i>-<j>`, names
+  chosen so that the sidecars' rendezvous hashing gives each to exactly worker i; replicas 1),
+  and the load generator, acting as the router, picks the task name per request: round-robin,
+  or least-outstanding (fewest of its own requests in flight on that worker; an exact, instant
+  view, a stronger baseline than a router that refreshes its view periodically).
+
+Uneven load: heavy-tailed request sizes (most requests embed one query; `--bulk-share` of them
+embed `--bulk-size` passages) and one worker `--slow-factor` times slower (emulated by
+benchmarks/_slow_runtime.py: it sleeps that many times its CPU time, as an older machine).
+The knee of a mode is the highest offered rate at which the one-query requests' p99 stays under
+`--p99-bound-s`, nothing fails, and completed keeps up with offered (>= 90%). Writes
+reports/serving/knee.md + knee.png with --report.
+
+    .venv/bin/python benchmarks/knee.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import (
+    CORPUS,
+    QUERIES,
+    REPO,
+    load_passages,
+    machine,
+    packaged_model,
+)
+
+REPORT = REPO / "reports" / "serving" / "knee.md"
+PULL_TASK = "knee-pull"
+MODES = ("pull", "push-rr", "push-lo")
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# ---- the fleet -----------------------------------------------------------------------------
+def owner(task: str, worker_ids: list[str]) -> str:
+    """The worker that holds a one-replica task: the sidecar's rendezvous hashing
+    (sidecar/src/members.rs: highest sha256 of task NUL worker id)."""
+    return max(worker_ids, key=lambda w: hashlib.sha256(f"{task}\0{w}".encode()).digest())
+
+
+def push_tasks(worker_ids: list[str]) -> list[str]:
+    """One task name per worker that rendezvous hashing places on exactly that worker."""
+    names = []
+    for i, worker in enumerate(worker_ids):
+        j = 0
+        while owner(f"knee-w{i}-{j}", worker_ids) != worker:
+            j += 1
+        names.append(f"knee-w{i}-{j}")
+    return names
+
+
+@dataclass
+class Fleet:
+    root: Path
+    model_path: Path
+    workers: int
+    slow_factor: float
+    sidecar_args: list[str] = field(default_factory=list)
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    sidecars: list[Any] = field(default_factory=list)
+    nats: Any = None
+    url: str = ""
+    worker_ids: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
+
+    def start(self) -> Fleet:
+        from registry import Registry
+        from serving.embedded_nats import EmbeddedNats, free_port
+        from taskfleet.stack import SidecarProcess, find_sidecar_binary
+        from tests.fleet_fixture import register_served_task
+
+        self.nats = EmbeddedNats(self.root / "nats").start()
+        self.worker_ids = [f"knee-w{i}" for i in range(self.workers)]
+        self.tasks = push_tasks(self.worker_ids)
+        reg = Registry.open(
+            f"sqlite:///{self.root / 'registry.db'}", artifact_dir=self.root / "artifacts"
+        )
+        try:
+            # Admin overrides place them, pinned (no eval run in a serving benchmark).
+            for task, replicas in [(PULL_TASK, self.workers), *((t, 1) for t in self.tasks)]:
+                register_served_task(
+                    reg, task, self.model_path, model_name="minilm", pinned=True,
+                    replicas=replicas,
+                )  # fmt: skip
+        finally:
+            reg.close()
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("TASKFLEET_NATS_URL", None)
+        port = free_port()
+        taskfleet = [sys.executable, "-m", "taskfleet", "--home", str(self.root)]
+        for name, command in (
+            ("serve", [*taskfleet, "serve", "--no-auth", "--port", str(free_port())]),
+            ("gateway", [*taskfleet, "gateway", "--no-auth", "--port", str(port)]),
+        ):
+            log = (self.root / f"{name}.log").open("wb")
+            self.processes.append(
+                subprocess.Popen(
+                    [*command, "--nats-url", self.nats.url],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        binary = find_sidecar_binary()
+        for i, worker in enumerate(self.worker_ids):
+            script = "serving.runtime.server"
+            slow = i == 0 and self.slow_factor > 1
+            runtime = (
+                f"{shlex.quote(sys.executable)} "
+                + (
+                    f"{shlex.quote(str(REPO / 'benchmarks' / '_slow_runtime.py'))} "
+                    f"--slow-factor {self.slow_factor} "
+                    if slow
+                    else f"-m {script} "
+                )
+                + "--socket {socket} --device cpu"
+            )
+            sidecar = SidecarProcess(
+                binary=binary,
+                nats_url=self.nats.url,
+                worker_id=worker,
+                run_dir=self.root / "run",
+                metrics_addr=f"127.0.0.1:{free_port()}",
+                runtime_cmd=runtime,
+                extra_args=self.sidecar_args,
+                env={"RUST_LOG": "info,async_nats=warn", **THREAD_ENV},
+            )
+            sidecar.start()
+            self.sidecars.append(sidecar)
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        for sidecar in self.sidecars:
+            sidecar.stop(timeout_s=10)
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if self.nats is not None:
+            self.nats.cleanup()
+
+    def metrics(self) -> list[dict[str, float]]:
+        """Per worker: Prometheus samples of its sidecar, name{labels} -> value."""
+        import httpx
+
+        out = []
+        for sidecar in self.sidecars:
+            text = httpx.get(f"http://{sidecar.metrics_addr}/metrics", timeout=10).text
+            samples = {}
+            for line in text.splitlines():
+                if line and not line.startswith("#"):
+                    name, _, value = line.rpartition(" ")
+                    samples[name] = float(value)
+            out.append(samples)
+        return out
+
+    def check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                sys.exit(f"error: {process.args[5]} exited; see logs under {self.root}")
+        for sidecar in self.sidecars:
+            if not sidecar.running():
+                sys.exit(f"error: sidecar {sidecar.worker_id} exited:\n{sidecar.log_tail(30)}")
+
+
+# ---- load --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # seconds after the step starts
+    bulk: bool
+    texts: tuple[int, ...]  # indices into the query pool (one) or the passage pool (bulk)
+
+
+def schedule(
+    rate: float,
+    seconds: float,
+    bulk_share: float,
+    bulk_size: int,
+    pools: tuple[int, int],
+    seed: int,
+) -> list[Arrival]:
+    """Poisson arrivals at ``rate`` per second for ``seconds``: the same list for every mode."""
+    rng = random.Random(seed)
+    out, t = [], rng.expovariate(rate)
+    while t < seconds:
+        bulk = rng.random() < bulk_share
+        if bulk:
+            texts = tuple(rng.randrange(pools[1]) for _ in range(bulk_size))
+        else:
+            texts = (rng.randrange(pools[0]),)
+        out.append(Arrival(t, bulk, texts))
+        t += rng.expovariate(rate)
+    return out
+
+
+class Router:
+    """Which task a request is sent to: the shared queue (pull), or one worker's own task."""
+
+    def __init__(self, mode: str, tasks: list[str]) -> None:
+        self.mode, self.tasks = mode, tasks
+        self.outstanding = [0] * len(tasks)
+        self.turn = 0
+
+    def pick(self) -> int:
+        if self.mode == "pull":
+            return -1
+        n = len(self.tasks)
+        if self.mode == "push-rr":
+            i = self.turn % n
+        else:
+            least = min(self.outstanding)
+            tied = [w for w in range(n) if self.outstanding[w] == least]
+            i = tied[self.turn % len(tied)]
+        self.turn += 1
+        self.outstanding[i] += 1
+        return i
+
+    def task(self, i: int) -> str:
+        return PULL_TASK if i < 0 else self.tasks[i]
+
+    def done(self, i: int) -> None:
+        if i >= 0:
+            self.outstanding[i] -= 1
+
+
+@dataclass
+class Step:
+    mode: str
+    rate: float
+    seconds: float
+    sent: int = 0
+    answered: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    wrong: int = 0
+    texts: int = 0
+    last_answer_s: float = 0.0
+    small_latency: list[float] = field(default_factory=list)
+    bulk_latency: list[float] = field(default_factory=list)
+    send_lag: list[float] = field(default_factory=list)
+    # Per worker, during the step: runtime CPU seconds, requests answered, tokens batched.
+    cpu_s: list[float] = field(default_factory=list)
+    worker_replies: list[float] = field(default_factory=list)
+    worker_tokens: list[float] = field(default_factory=list)
+    load: float = 0.0
+
+    @property
+    def completed_rate(self) -> float:
+        """Answered requests per second over the step, until its last answer: equal to the
+        offered rate while the fleet keeps up, its capacity once it does not."""
+        return self.answered / max(self.seconds, self.last_answer_s)
+
+    def p(self, q: float, bulk: bool = False) -> float:
+        values = self.bulk_latency if bulk else self.small_latency
+        return float(np.percentile(values, q)) if values else float("nan")
+
+    def ok(self, bound_s: float) -> bool:
+        return (
+            not self.errors
+            and not self.wrong
+            and self.answered == self.sent
+            and self.p(99) <= bound_s
+            and self.completed_rate >= 0.9 * self.sent / self.seconds
+        )
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "rate": self.rate, "sent": self.sent, "answered": self.answered,
+            "errors": self.errors, "wrong": self.wrong, "texts": self.texts,
+            "completed_rate": round(self.completed_rate, 3),
+            "p50_s": round(self.p(50), 3), "p95_s": round(self.p(95), 3),
+            "p99_s": round(self.p(99), 3), "bulk_p99_s": round(self.p(99, bulk=True), 3),
+            "send_lag_p99_s": round(float(np.percentile(self.send_lag, 99)), 3)
+            if self.send_lag else 0.0,
+            "cpu_s": [round(c, 1) for c in self.cpu_s],
+            "replies": [int(r) for r in self.worker_replies],
+            "tokens": [int(t) for t in self.worker_tokens],
+            "load": round(self.load, 2),
+        }  # fmt: skip
+
+
+@dataclass
+class Pools:
+    queries: list[str]
+    passages: list[str]
+    query_vectors: np.ndarray
+    passage_vectors: np.ndarray
+
+
+async def run_step(
+    client: Any, router: Router, arrivals: list[Arrival], pools: Pools, step: Step
+) -> None:
+    from serving.client import TaskfleetError
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def one(arrival: Arrival) -> None:
+        due = started + arrival.at
+        step.send_lag.append(loop.time() - due)
+        texts = [(pools.passages if arrival.bulk else pools.queries)[i] for i in arrival.texts]
+        expected = (pools.passage_vectors if arrival.bulk else pools.query_vectors)[
+            list(arrival.texts)
+        ]
+        worker = router.pick()
+        try:
+            reply = await client.embed_with_info(
+                router.task(worker),
+                texts,
+                kind="passage" if arrival.bulk else "query",
+                timeout_ms=300_000,
+            )
+        except TaskfleetError as e:
+            code = getattr(e, "code", None) or type(e).__name__
+            step.errors[code] = step.errors.get(code, 0) + 1
+            return
+        finally:
+            router.done(worker)
+        now = loop.time()
+        step.answered += 1
+        step.texts += len(texts)
+        step.last_answer_s = max(step.last_answer_s, now - started)
+        (step.bulk_latency if arrival.bulk else step.small_latency).append(now - due)
+        vectors = np.asarray(reply.vectors, dtype=np.float64)
+        if vectors.shape != expected.shape:
+            step.wrong += 1
+            return
+        norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(expected, axis=1)
+        if float(np.min(np.sum(vectors * expected, axis=1) / norms)) < 0.999:
+            step.wrong += 1
+
+    pending = []
+    for arrival in arrivals:
+        delay = started + arrival.at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        pending.append(asyncio.create_task(one(arrival)))
+        step.sent += 1
+    await asyncio.gather(*pending)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far (/proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def profile(fleet: Fleet) -> tuple[list[float], list[float], list[float]]:
+    """Per worker so far: its runtime's CPU seconds (the runtime is the sidecar's child),
+    requests answered and tokens batched (all tasks, from the sidecar's /metrics)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(parent, []).append(int(stat.parent.name))
+    cpu = [sum(cpu_seconds(pid) for pid in parents.get(s.pid or -1, [])) for s in fleet.sidecars]
+    replies, tokens = [], []
+    for samples in fleet.metrics():
+        replies.append(
+            sum(v for k, v in samples.items() if k.startswith("taskfleet_sidecar_replies_total"))
+        )
+        tokens.append(
+            sum(v for k, v in samples.items() if k.startswith("taskfleet_sidecar_batch_tokens_sum"))
+        )
+    return cpu, replies, tokens
+
+
+# ---- the run -------------------------------------------------------------------------------
+def references(model_path: Path, args: argparse.Namespace) -> Pools:
+    from sentence_transformers import SentenceTransformer
+
+    queries = load_passages(QUERIES, args.query_pool, args.seed)
+    passages = load_passages(CORPUS, args.passage_pool, args.seed)
+    model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
+    return Pools(
+        queries,
+        passages,
+        np.asarray(model.encode(queries, batch_size=32), dtype=np.float64),
+        np.asarray(model.encode(passages, batch_size=32), dtype=np.float64),
+    )
+
+
+async def wait_ready(fleet: Fleet, timeout_s: float) -> None:
+    """Until every task answers through the gateway (each worker has loaded the model)."""
+    from serving.client import AsyncClient
+
+    deadline = time.monotonic() + timeout_s
+    async with AsyncClient(fleet.url, timeout_s=60, max_retries=0) as client:
+        for task in [PULL_TASK, *fleet.tasks]:
+            while True:
+                fleet.check_alive()
+                try:
+                    await client.embed(task, "warm up", kind="query", timeout_ms=30_000)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"error: task {task} did not serve within {timeout_s:.0f}s")
+                    await asyncio.sleep(0.5)
+
+
+async def sweep(fleet: Fleet, pools: Pools, args: argparse.Namespace) -> list[Step]:
+    import httpx
+
+    from serving.client import AsyncClient
+
+    steps: list[Step] = []
+    active = list(args.modes)
+    http = httpx.AsyncClient(
+        timeout=600, limits=httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    )
+    async with AsyncClient(fleet.url, timeout_s=600, max_retries=30, http=http) as client:
+        for index, rate in enumerate(args.rates):
+            arrivals = schedule(
+                rate,
+                args.step_seconds,
+                args.bulk_share,
+                args.bulk_size,
+                (len(pools.queries), len(pools.passages)),
+                seed=args.seed * 1000 + index,
+            )
+            for mode in list(active):
+                fleet.check_alive()
+                step = Step(mode, rate, args.step_seconds, load=os.getloadavg()[0])
+                before = profile(fleet)
+                await run_step(client, Router(mode, fleet.tasks), arrivals, pools, step)
+                after = profile(fleet)
+                step.cpu_s, step.worker_replies, step.worker_tokens = (
+                    [a - b for a, b in zip(x, y, strict=True)]
+                    for x, y in zip(after, before, strict=True)
+                )
+                steps.append(step)
+                print(json.dumps(step.row()), flush=True)
+                # One step past the knee shows the cliff; further steps only cost time.
+                if not step.ok(args.p99_bound_s):
+                    past = [s for s in steps if s.mode == mode and not s.ok(args.p99_bound_s)]
+                    if len(past) >= 2:
+                        active.remove(mode)
+                await asyncio.sleep(1.0)
+            if not active:
+                break
+    return steps
+
+
+def knee(steps: list[Step], mode: str, bound_s: float) -> Step | None:
+    """The highest step of ``mode`` below the knee: every step up to it met the bound."""
+    best = None
+    for step in sorted((s for s in steps if s.mode == mode), key=lambda s: s.rate):
+        if not step.ok(bound_s):
+            break
+        best = step
+    return best
+
+
+def write_report(
+    steps: list[Step], args: argparse.Namespace, fleet: Fleet, command: str, path: Path
+) -> None:
+    bound = args.p99_bound_s
+    knees = {mode: knee(steps, mode, bound) for mode in args.modes}
+    lines = [
+        "# The knee: central pull queue vs push router, under uneven load",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}.",
+        "",
+        "## Result",
+        "",
+        "| mode | knee: offered req/s | completed req/s | texts/s | p50 | p95 | p99 (1 query) "
+        "| p99 (bulk) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, step in knees.items():
+        if step is None:
+            lines.append(f"| {mode} | below the lowest rate | | | | | | |")
+            continue
+        lines.append(
+            f"| {mode} | {step.rate:.2f} | {step.completed_rate:.2f} | "
+            f"{step.texts / max(step.seconds, step.last_answer_s):.1f} | {step.p(50):.2f} s | "
+            f"{step.p(95):.2f} s | {step.p(99):.2f} s | {step.p(99, bulk=True):.2f} s |"
+        )
+    pull = knees.get("pull")
+    for push in ("push-rr", "push-lo"):
+        other = knees.get(push)
+        if pull is None or other is None or push not in args.modes:
+            continue
+        ratio = pull.completed_rate / other.completed_rate
+        verdict = "met" if ratio >= 1.5 else f"missed by {1.5 - ratio:.2f}"
+        lines.append("")
+        lines.append(
+            f"**pull / {push} at the knee: {ratio:.2f}x** completed requests/s "
+            f"({pull.completed_rate:.2f} / {other.completed_rate:.2f}); target >= 1.5x {verdict}."
+        )
+    lines += [
+        "",
+        "## Set-up",
+        "",
+        f"- Workers: {args.workers}, each a real sidecar + PyTorch runtime with "
+        f"`OMP_NUM_THREADS=1`; worker 0 emulates a device {args.slow_factor:g}x slower "
+        f"(benchmarks/_slow_runtime.py sleeps {args.slow_factor - 1:g}x "
+        "the CPU time of each call). Sidecar flags: "
+        + (f"`{args.sidecar_args}`, else " if args.sidecar_args else "")
+        + "the defaults (5 ms batch wait, 2 batches in flight, 32768-token batches).",
+        f"- Requests: Poisson arrivals; {100 * (1 - args.bulk_share):.0f}% embed one GerLayQA "
+        f"question (a search query), {100 * args.bulk_share:.0f}% embed {args.bulk_size} "
+        "GerLayQA passages (indexing). Same arrivals for every mode at a rate; modes "
+        f"alternate per rate; {args.step_seconds:g} s per step; every request waits for its "
+        "answer (a step ends when its last answer arrives).",
+        "- pull: task `knee-pull`, placed on every worker (one JetStream queue). push: each "
+        "worker's own task (rendezvous-hashed names: " + ", ".join(fleet.tasks) + "); the "
+        "load generator is the router: round-robin (push-rr) or least-outstanding requests "
+        "from its exact in-flight count (push-lo).",
+        f"- Knee: the highest offered rate at which the one-query requests' p99 <= {bound:g} s, "
+        "no error, no wrong vector, and completed >= 90% of offered, all lower rates too. "
+        "Completed req/s = answered / max(step, time to the last answer). Latency is measured "
+        "from the scheduled send time (the generator's own lag counts against the fleet).",
+        f"- Every reply's vectors compared with in-process sentence-transformers (cosine >= "
+        f"0.999; pools of {args.query_pool} questions and {args.passage_pool} passages).",
+        f"- Command: `{command}`",
+        "",
+        "## Every step",
+        "",
+        "| mode | offered req/s | sent | answered | errors | wrong | completed req/s | p50 | p99 "
+        "| bulk p99 | send lag p99 | runtime CPU s per worker | requests per worker "
+        "| tokens per worker | load |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
+    ]
+    for s in sorted(steps, key=lambda s: (MODES.index(s.mode), s.rate)):
+        lines.append(
+            f"| {s.mode} | {s.rate:.2f} | {s.sent} | {s.answered} | "
+            f"{json.dumps(s.errors) if s.errors else 0} | {s.wrong} | {s.completed_rate:.2f} | "
+            f"{s.p(50):.2f} | {s.p(99):.2f} | {s.p(99, bulk=True):.2f} | "
+            f"{float(np.percentile(s.send_lag, 99)) if s.send_lag else 0:.3f} | "
+            f"{' / '.join(f'{c:.1f}' for c in s.cpu_s)} | "
+            f"{' / '.join(f'{r:.0f}' for r in s.worker_replies)} | "
+            f"{' / '.join(f'{t:.0f}' for t in s.worker_tokens)} | {s.load:.1f} |"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    png = path.with_suffix(".png")
+    plot(steps, args, png)
+    lines += ["", f"![p99 and completed against offered]({png.name})", ""]
+    path.write_text("\n".join(lines))
+    print(path.read_text())
+
+
+def plot(steps: list[Step], args: argparse.Namespace, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in args.modes:
+        mine = sorted((s for s in steps if s.mode == mode), key=lambda s: s.rate)
+        rates = [s.rate for s in mine]
+        left.plot(rates, [s.p(99) for s in mine], marker="o", label=mode)
+        right.plot(rates, [s.completed_rate for s in mine], marker="o", label=mode)
+    left.axhline(args.p99_bound_s, color="grey", linestyle="--", label="p99 bound")
+    left.set_yscale("log")
+    left.set_xlabel("offered requests/s")
+    left.set_ylabel("p99 of one-query requests (s)")
+    right.plot(args.rates, args.rates, color="grey", linestyle=":", label="offered")
+    right.set_xlabel("offered requests/s")
+    right.set_ylabel("completed requests/s")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.suptitle("Pull (one JetStream queue) vs push router, uneven load")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="sidecar+runtime pairs")
+    parser.add_argument(
+        "--slow-factor", type=float, default=2.0, help="worker 0 is this much slower (1: none)"
+    )
+    parser.add_argument(
+        "--rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        help="offered requests/s, comma-separated, ascending",
+    )
+    parser.add_argument("--step-seconds", type=float, default=20.0)
+    parser.add_argument("--bulk-share", type=float, default=0.1)
+    parser.add_argument("--bulk-size", type=int, default=16, help="passages per bulk request")
+    parser.add_argument("--p99-bound-s", type=float, default=2.0)
+    parser.add_argument(
+        "--sidecar-args",
+        default="",
+        help="extra sidecar flags for every worker, e.g. '--max-inflight-batches 1' "
+        "(default: none, the product's defaults)",
+    )
+    parser.add_argument("--modes", default=",".join(MODES), type=lambda s: s.split(","))
+    parser.add_argument("--query-pool", type=int, default=64)
+    parser.add_argument("--passage-pool", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=Path, default=None, help="default: the packaged MiniLM")
+    parser.add_argument("--report", action="store_true", help=f"write {REPORT.relative_to(REPO)}")
+    parser.add_argument("--report-path", type=Path, default=REPORT)
+    args = parser.parse_args(argv)
+    if unknown := set(args.modes) - set(MODES):
+        parser.error(f"unknown mode(s) {sorted(unknown)}; known: {', '.join(MODES)}")
+    if args.workers < 2 or not 0 <= args.bulk_share <= 1 or args.slow_factor < 1:
+        parser.error("need --workers >= 2, 0 <= --bulk-share <= 1, --slow-factor >= 1")
+
+    model_path = args.model or packaged_model()
+    command = f".venv/bin/python benchmarks/knee.py {shlex.join(sys.argv[1:])}".rstrip()
+    print("in-process reference vectors ...", flush=True)
+    pools = references(model_path, args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="taskfleet-knee-") as tmp:
+        fleet = Fleet(
+            Path(tmp), model_path, args.workers, args.slow_factor, shlex.split(args.sidecar_args)
+        )
+        try:
+            fleet.start()
+            print(f"fleet at {fleet.url}; push tasks {fleet.tasks}", flush=True)
+            asyncio.run(wait_ready(fleet, 300))
+            steps = asyncio.run(sweep(fleet, pools, args))
+            misplaced = check_push_placement(fleet)
+        finally:
+            fleet.stop()
+    if args.report:
+        write_report(steps, args, fleet, command, args.report_path)
+    bad = [s for s in steps if s.wrong or s.answered != s.sent]
+    if misplaced:
+        print(f"error: push tasks answered by other workers: {misplaced}", file=sys.stderr)
+    if bad:
+        print(f"error: wrong or unanswered replies in {len(bad)} step(s)", file=sys.stderr)
+    return 1 if bad or misplaced else 0
+
+
+def check_push_placement(fleet: Fleet) -> list[str]:
+    """Each push task was answered by its own worker only (the emulation held)."""
+    misplaced = []
+    for i, samples in enumerate(fleet.metrics()):
+        for j, task in enumerate(fleet.tasks):
+            served = sum(
+                v
+                for k, v in samples.items()
+                if k.startswith("taskfleet_sidecar_replies_total") and f'task="{task}"' in k
+            )
+            if j != i and served:
+                misplaced.append(f"{task} on {fleet.worker_ids[i]}")
+    return misplaced
+
+
+if __name__ == "__main__":
+    sys.exit(main())
