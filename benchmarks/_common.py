@@ -60,3 +60,12 @@ def machine() -> str:
         f"{cpu}, {os.cpu_count()} logical CPUs (shared), no GPU used; Python "
         f"{platform.python_version()}, torch {torch.__version__}, {platform.platform()}"
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time one process has used so far (Linux /proc); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

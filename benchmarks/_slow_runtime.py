@@ -1,9 +1,11 @@
 """The PyTorch runtime on an emulated slower device, for benchmarks/knee.py.
 
 Runs `serving.runtime.server` unchanged except that each call on its worker thread (load,
-infer, score, classify) is followed by a sleep of ``(factor - 1)`` times the CPU time the call
-used: a device ``factor`` times slower, as an older machine or a throttled VM in a mixed fleet.
-Sleeping, not spinning, leaves the CPU to the other workers of a small benchmark machine.
+infer, score, classify) is followed by a sleep of ``(factor - 1)`` times the call's own time:
+a device ``factor`` times slower, as an older machine or a throttled VM in a mixed fleet.
+Wall time, not CPU time: on a shared machine a call's time includes waiting for a core, and
+a slower device would wait as long. Sleeping, not spinning, leaves the CPU to the other
+workers of a small benchmark machine.
 
     python benchmarks/_slow_runtime.py --slow-factor 2 --socket PATH [runtime flags]
 """
@@ -25,11 +27,11 @@ def slowed(factor: float) -> None:
 
     async def in_worker(self: server.RuntimeServer, fn: Any, *args: Any) -> Any:
         def run(*inner: Any) -> Any:
-            started = time.thread_time()
+            started = time.perf_counter()
             try:
                 return fn(*inner)
             finally:
-                time.sleep((factor - 1.0) * (time.thread_time() - started))
+                time.sleep((factor - 1.0) * (time.perf_counter() - started))
 
         return await original(self, run, *args)
 

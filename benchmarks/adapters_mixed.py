@@ -16,7 +16,6 @@ round (equal within 1e-5). Writes reports/serving/adapters.md with --report.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shlex
 import signal
@@ -29,14 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.serving_throughput import (  # noqa: E402
+from benchmarks._common import (
     CORPUS,
+    REPO,
+    cpu_seconds,
     load_passages,
     machine,
     packaged_model,
@@ -110,8 +107,7 @@ class Runtime:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the runtime process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def _listening(self) -> bool:
         if not self.socket_path.exists():

@@ -12,21 +12,17 @@ texts. Writes reports/serving/padding.md with --report.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.serving_throughput import (  # noqa: E402
+from benchmarks._common import (
     CORPUS,
+    REPO,
     load_passages,
     machine,
     packaged_model,

