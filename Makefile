@@ -74,10 +74,11 @@ lint: $(STAMP)
 test-rust: sidecar
 	cd sidecar && cargo test --release --locked -q
 
-# Tests against the infinity-emb peer need its multi-GB environment, and the Candle runtime a
-# long release build: they run in `make bench`.
+# Tests against the infinity-emb peer need its multi-GB environment, the Candle runtime a
+# long release build, and `bench` smoke runs a whole fleet of four workers: they run in
+# `make bench`.
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q -m "not infinity and not candle" --durations=30
+	$(VENV)/bin/pytest -q -m "not infinity and not candle and not bench" --durations=30
 
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
 # (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
@@ -103,6 +104,8 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/padding.py --report
 	$(PY) benchmarks/adapters_mixed.py --report
 	$(PY) benchmarks/reliability.py
+	$(VENV)/bin/pytest -q -m bench
+	$(PY) benchmarks/knee.py --report
 
 clean:
 	rm -rf $(VENV) $(INFINITY_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

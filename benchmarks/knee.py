@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -498,17 +498,42 @@ def knee(steps: list[Step], mode: str, bound_s: float) -> Step | None:
     return best
 
 
-def write_report(
-    steps: list[Step], args: argparse.Namespace, fleet: Fleet, command: str, path: Path
-) -> None:
+@dataclass
+class Run:
+    """What a report is written from (saved as JSON beside it: --from-json)."""
+
+    argv: list[str]
+    command: str
+    measured: str
+    machine: str
+    pull_task: str
+    tasks: list[str]
+    misplaced: list[str]
+    steps: list[Step]
+
+
+def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
+    steps, misplaced = run.steps, run.misplaced
     bound = args.p99_bound_s
     knees = {mode: knee(steps, mode, bound) for mode in args.modes}
+    sent = sum(s.sent for s in steps)
+    answered = sum(s.answered for s in steps)
+    wrong = sum(s.wrong for s in steps)
+    errors = sum(sum(s.errors.values()) for s in steps)
     lines = [
         "# The knee: central pull queue vs push router, under uneven load",
         "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}.",
+        f"Measured {run.measured} on {run.machine}.",
         "",
         "## Result",
+        "",
+        f"Correctness: {sent} requests sent, {answered} answered, {sent - answered} lost, "
+        f"{errors} errors, {wrong} with vectors other than in-process; "
+        + (
+            "every task answered only by its own workers."
+            if not misplaced
+            else f"**answered by the wrong workers: {', '.join(misplaced)}**."
+        ),
         "",
         "| mode | knee: offered req/s | completed req/s | texts/s | p50 | p95 | p99 (1 query) "
         "| p99 (bulk) |",
@@ -558,9 +583,9 @@ def write_report(
         "GerLayQA passages (indexing). Same arrivals for every mode at a rate; modes "
         f"alternate per rate; {args.step_seconds:g} s per step; every request waits for its "
         "answer (a step ends when its last answer arrives).",
-        f"- pull: task `{fleet.pull_task}` on every worker of the pull group (one JetStream "
+        f"- pull: task `{run.pull_task}` on every worker of the pull group (one JetStream "
         "queue, the product). push: worker i's own task ("
-        + ", ".join(f"`{t}`" for t in fleet.tasks)
+        + ", ".join(f"`{t}`" for t in run.tasks)
         + ", names chosen so the sidecars' rendezvous hashing places each on exactly its "
         "worker; checked after the run from every sidecar's /metrics); the load generator is "
         "the router: round-robin (push-rr) or least-outstanding requests from its own exact "
@@ -580,7 +605,7 @@ def write_report(
         "runtimes, nats-server, gateway, control plane, this generator) compete with each other "
         "and with other jobs (1-minute load in the last column), so absolute rates are low and "
         "noisy; the modes alternate per rate so that load hits them alike.",
-        f"- Command: `{command}`",
+        f"- Command: `{run.command}`",
         "",
         "## Every step",
         "",
@@ -651,7 +676,7 @@ def plot(steps: list[Step], args: argparse.Namespace, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="sidecar+runtime pairs")
     parser.add_argument(
@@ -685,14 +710,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="default: the packaged MiniLM")
     parser.add_argument("--report", action="store_true", help=f"write {REPORT.relative_to(REPO)}")
     parser.add_argument("--report-path", type=Path, default=REPORT)
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="write the report again from a run's raw results (the .json beside its report) "
+        "instead of measuring",
+    )
     args = parser.parse_args(argv)
     if unknown := set(args.modes) - set(MODES):
         parser.error(f"unknown mode(s) {sorted(unknown)}; known: {', '.join(MODES)}")
     if args.workers < 2 or not 0 <= args.bulk_share <= 1 or args.slow_factor < 1:
         parser.error("need --workers >= 2, 0 <= --bulk-share <= 1, --slow-factor >= 1")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    args = parse_args(given)
+    if args.from_json:
+        raw = json.loads(args.from_json.read_text())
+        run = Run(**{**raw, "steps": [Step(**step) for step in raw["steps"]]})
+        write_report(run, parse_args(run.argv), args.report_path)
+        return 0
     model_path = args.model or packaged_model()
-    command = f".venv/bin/python benchmarks/knee.py {shlex.join(sys.argv[1:])}".rstrip()
+    command = f".venv/bin/python benchmarks/knee.py {shlex.join(given)}".rstrip()
     print("in-process reference vectors ...", flush=True)
     pools = references(model_path, args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -708,8 +750,21 @@ def main(argv: list[str] | None = None) -> int:
             misplaced = check_placement(fleet)
         finally:
             fleet.stop()
+    run = Run(
+        argv=given,
+        command=command,
+        measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine=machine(),
+        pull_task=fleet.pull_task,
+        tasks=fleet.tasks,
+        misplaced=misplaced,
+        steps=steps,
+    )
     if args.report:
-        write_report(steps, args, fleet, command, args.report_path)
+        args.report_path.parent.mkdir(parents=True, exist_ok=True)
+        raw = {**asdict(run), "steps": [asdict(step) for step in steps]}
+        args.report_path.with_suffix(".json").write_text(json.dumps(raw) + "\n")
+        write_report(run, args, args.report_path)
     bad = [s for s in steps if s.wrong or s.answered != s.sent]
     if misplaced:
         print(f"error: tasks answered by other workers: {misplaced}", file=sys.stderr)
@@ -733,3 +788,7 @@ def check_placement(fleet: Fleet) -> list[str]:
             if i not in workers and served:
                 misplaced.append(f"{task} on {fleet.sidecars[i].worker_id}")
     return misplaced
+
+
+if __name__ == "__main__":
+    sys.exit(main())

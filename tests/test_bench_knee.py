@@ -4,6 +4,8 @@ leans on: push task names that land on their own worker, the routers, the arriva
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from benchmarks import knee
 
 
-@pytest.mark.slow
+@pytest.mark.bench  # ~1.5 min on the shared 2-core machine: make bench runs it
 def test_smoke(tmp_path: Path, tiny_model_path: Path) -> None:
     report = tmp_path / "knee.md"
     code = knee.main(
@@ -63,3 +65,35 @@ def test_arrivals_are_the_same_for_every_mode_and_poisson() -> None:
     assert 0.07 < len(bulk) / len(one) < 0.13
     assert all(len(a.texts) == 16 and max(a.texts) < 7 for a in bulk)
     assert all(len(a.texts) == 1 and a.texts[0] < 5 for a in one if not a.bulk)
+
+
+def test_report_from_raw_results(tmp_path: Path) -> None:
+    """The knee, the ratios and the other bounds from saved steps (--from-json), no fleet."""
+
+    def step(mode: str, rate: float, p99: float) -> knee.Step:
+        sent = int(rate * 10)
+        return knee.Step(
+            mode, rate, 10.0, sent=sent, answered=sent, texts=sent, last_answer_s=10.0,
+            small_latency=[0.1] * 98 + [p99] * 2, cpu_s=[1.0, 2.0],
+            worker_replies=[1, 2], worker_tokens=[10, 20],
+        )  # fmt: skip
+
+    steps = [
+        step("pull", 1.0, 0.5), step("pull", 2.0, 1.0), step("pull", 3.0, 9.0),
+        step("push-rr", 1.0, 0.5), step("push-rr", 2.0, 6.0),
+        step("push-lo", 1.0, 0.5), step("push-lo", 2.0, 1.0), step("push-lo", 3.0, 20.0),
+    ]  # fmt: skip
+    run = knee.Run(
+        argv=["--rates", "1,2,3"], command="knee.py", measured="today", machine="here",
+        pull_task="p", tasks=["a", "b"], misplaced=[], steps=steps,
+    )  # fmt: skip
+    raw = tmp_path / "knee.json"
+    raw.write_text(json.dumps({**asdict(run), "steps": [asdict(s) for s in steps]}))
+    report = tmp_path / "knee.md"
+    assert knee.main(["--from-json", str(raw), "--report-path", str(report)]) == 0
+    text = report.read_text()
+    assert "**pull / push-rr at the knee: 2.00x**" in text  # 2/s against 1/s under 5 s
+    assert "**pull / push-lo at the knee: 1.00x**" in text
+    assert "target >= 1.5x missed by 0.50" in text
+    assert "| 10 s | 3.00 | 2.00 | 2.00 | 1.50x | 1.50x |" in text
+    assert "0 lost" in text and "every task answered only by its own workers" in text
