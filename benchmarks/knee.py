@@ -18,10 +18,10 @@ Modes, same fleet, same arrivals per rate, modes alternating step by step:
 
 Uneven load: heavy-tailed request sizes (most requests embed one query; `--bulk-share` of them
 embed `--bulk-size` passages) and one worker `--slow-factor` times slower (emulated by
-benchmarks/_slow_runtime.py: it sleeps that many times its CPU time, as an older machine).
-The knee of a mode is the highest offered rate at which the one-query requests' p99 stays under
-`--p99-bound-s`, nothing fails, and completed keeps up with offered (>= 90%). Writes
-reports/serving/knee.md + knee.png with --report.
+benchmarks/_slow_runtime.py: it sleeps that much longer than each call took, as an older
+machine). The knee of a mode is the highest offered rate at which (and at every rate below it)
+every request is answered, right, and the one-query requests' p99 stays under `--p99-bound-s`.
+Writes reports/serving/knee.md + knee.png + knee.json (the raw steps) with --report.
 
     .venv/bin/python benchmarks/knee.py --report
 """
@@ -310,7 +310,6 @@ class Step:
             and not self.wrong
             and self.answered == self.sent
             and self.p(99) <= bound_s
-            and self.completed_rate >= 0.9 * self.sent / self.seconds
         )
 
     def row(self) -> dict[str, Any]:
@@ -555,14 +554,14 @@ def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
     other_bounds = sorted({2.0, 5.0, 10.0, bound})
     lines += [
         "",
-        "The same steps under other p99 bounds (knee: completed req/s; ratio pull / push):",
+        "The same steps under other p99 bounds (knee: offered req/s; ratio pull / push):",
         "",
         "| p99 bound | " + " | ".join(args.modes) + " | pull / push-rr | pull / push-lo |",
         "|---:|" + "---:|" * (len(args.modes) + 2),
     ]
     for b in other_bounds:
         at = {mode: knee(steps, mode, b) for mode in args.modes}
-        rate = {m: (k.completed_rate if k else None) for m, k in at.items()}
+        rate = {m: (k.rate if k else None) for m, k in at.items()}
         cells = [f"{r:.2f}" if r else "-" for r in rate.values()]
         for push in ("push-rr", "push-lo"):
             p, q = rate.get("pull"), rate.get(push)
@@ -594,14 +593,20 @@ def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
         "the router: round-robin (push-rr) or least-outstanding requests from its own exact "
         "in-flight count (push-lo, a stronger baseline than a periodically refreshed view).",
         f"- Knee: the highest offered rate at which the one-query requests' p99 <= {bound:g} s, "
-        "no error, no wrong vector, and completed >= 90% of offered, all lower rates too. "
-        "Completed req/s = answered / max(step, time to the last answer). Latency is measured "
-        "from the scheduled send time (the generator's own lag counts against the fleet).",
-        f"- What capacity alone predicts: pull uses both workers fully (1 + 1/{f:g} of a "
-        f"worker); push-rr sends half the work to the slow one and saturates at 2/{f:g}: "
-        f"pull / push-rr <= {(f + 1) / 2:.2f}x from speed alone, more only through the "
-        "variance of request sizes. push-lo follows the slow worker's backlog, so its capacity "
-        "approaches pull's; it loses only what its one-request-at-a-time view misjudges.",
+        "every request answered with the right vectors, all lower rates too; the ratio is "
+        "that of the knees' offered rates. Latency is measured from the scheduled send time "
+        "(the generator's own lag counts against the fleet). Completed req/s = answered / "
+        "max(step, time to the last answer), reported but no criterion: with 30 s steps one "
+        "bulk answer a few seconds after the step pulls it under the offered rate while the "
+        "fleet keeps up; a fleet that does not keep up shows as a p99 that grows with the step.",
+        f"- What capacity alone predicts: pull can keep both workers busy (1 + 1/{f:g} = "
+        f"{1 + 1 / f:.2f} workers' worth); push-rr sends half the work to the slow one and "
+        f"saturates at 2/{f:g} = {2 / f:.2f}: pull / push-rr <= {(f + 1) / 2:.2f}x from speed "
+        "alone, more only through the variance of request sizes. push-lo follows the slow "
+        "worker's backlog, so its capacity approaches pull's. On this machine all workers "
+        "also share two cores with everything else: the slow worker's sleep leaves CPU to the "
+        "fast one, so capacity is shared more than on machines where each worker owns its "
+        "cores, and a policy matters less.",
         f"- Every reply's vectors compared with in-process sentence-transformers (cosine >= "
         f"0.999; pools of {args.query_pool} questions and {args.passage_pool} passages).",
         "- A 2-core machine shared with other work: the fleet's processes (2N sidecars and "
@@ -642,12 +647,12 @@ def ratio_lines(knees: dict[str, Step | None]) -> list[str]:
         other = knees.get(push)
         if pull is None or other is None:
             continue
-        ratio = pull.completed_rate / other.completed_rate
+        ratio = pull.rate / other.rate
         verdict = "met" if ratio >= 1.5 else f"missed by {1.5 - ratio:.2f}"
         lines += [
             "",
-            f"**pull / {push} at the knee: {ratio:.2f}x** completed requests/s "
-            f"({pull.completed_rate:.2f} / {other.completed_rate:.2f}); target >= 1.5x {verdict}.",
+            f"**pull / {push} at the knee: {ratio:.2f}x** offered requests/s "
+            f"({pull.rate:g} / {other.rate:g}); target >= 1.5x {verdict}.",
         ]
     return lines
 

@@ -92,7 +92,7 @@ def test_report_from_raw_results(tmp_path: Path) -> None:
     report = tmp_path / "knee.md"
     assert knee.main(["--from-json", str(raw), "--report-path", str(report)]) == 0
     text = report.read_text()
-    assert "**pull / push-rr at the knee: 2.00x**" in text  # 2/s against 1/s under 5 s
+    assert "**pull / push-rr at the knee: 2.00x** offered requests/s (2 / 1)" in text  # p99 5 s
     assert "**pull / push-lo at the knee: 1.00x**" in text
     assert "target >= 1.5x missed by 0.50" in text
     assert "| 10 s | 3.00 | 2.00 | 2.00 | 1.50x | 1.50x |" in text
