@@ -143,5 +143,7 @@ def gateway(
             "the gateway needs a NATS server: give --nats-url or set TASKFLEET_NATS_URL",
             param_hint="--nats-url",
         )
+    from serving.httpserver import http_config
+
     app = create_gateway(url, GatewaySettings(require_auth=auth))
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.Server(http_config(app, host, port, "info")).run()

@@ -34,6 +34,7 @@ import uvicorn
 
 from registry import Registry
 from serving.connection import NatsTarget, nats_options
+from serving.httpserver import http_config
 
 log = logging.getLogger("taskfleet.up")
 SIDECAR_BINARY = "taskfleet-sidecar"
@@ -296,9 +297,7 @@ class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the stack (one handler for all parts)."""
 
     def __init__(self, app: Any, host: str, port: int, log_level: str = "warning") -> None:
-        super().__init__(
-            uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
-        )
+        super().__init__(http_config(app, host, port, log_level))
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
