@@ -119,7 +119,17 @@ class PostgresServer:
         """Stop the server as an outage would (fast shutdown, open connections cut), keeping
         its data: :meth:`start` brings it back."""
         if self.proc is not None:
-            self.proc.terminate()
+            # pg_ctl's fast mode: SIGTERM alone is a *smart* shutdown, which waits for every
+            # client (another process's pool) to leave, so the server would outlive this call
+            # and a restart would find its lock file.
+            subprocess.run(
+                self._cmd(
+                    str(self.bindir / "pg_ctl"), "stop", "-D", str(self.datadir),
+                    "-m", "fast", "-w", "-t", "60",
+                ),
+                capture_output=True,
+                timeout=90,
+            )  # fmt: skip
             self.proc.wait(timeout=30)
             self.proc = None
 
