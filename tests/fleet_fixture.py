@@ -169,7 +169,7 @@ class LocalFleet:
         self.registry = Registry.open(
             f"sqlite:///{self.root / 'registry.db'}", artifact_dir=self.root / "artifacts"
         )
-        asyncio.run(_ensure_layout(self.nats.url))
+        asyncio.run(make_layout(self.nats.url))
         self._start_control_loops()
         for _ in range(self.n_gateways):
             port = free_port()
@@ -299,7 +299,7 @@ class LocalFleet:
     def heartbeats(self) -> dict[str, p.WorkerHeartbeat]:
         """Current KV `workers` values, read straight from NATS."""
         assert self.nats is not None
-        return asyncio.run(_heartbeats(self.nats.url))
+        return asyncio.run(read_heartbeats(self.nats.url))
 
     def heartbeat(self, worker_id: str) -> p.WorkerHeartbeat | None:
         """One worker's current KV `workers` value: a direct get, cheap to poll every few ms
@@ -308,7 +308,8 @@ class LocalFleet:
         return asyncio.run(_heartbeat(self.nats.url, worker_id))
 
 
-async def _ensure_layout(url: str) -> None:
+async def make_layout(url: str) -> None:
+    """Streams, buckets and object stores of the fleet on the NATS at ``url``."""
     nc = await nats.connect(servers=url.split(","))
     try:
         await ensure_layout(nc.jetstream())
@@ -331,7 +332,8 @@ async def _heartbeat(url: str, worker_id: str) -> p.WorkerHeartbeat | None:
         await nc.close()
 
 
-async def _heartbeats(url: str) -> dict[str, p.WorkerHeartbeat]:
+async def read_heartbeats(url: str) -> dict[str, p.WorkerHeartbeat]:
+    """Every worker's current heartbeat in KV `workers` (a watch read up to now)."""
     nc = await nats.connect(servers=url.split(","))
     try:
         kv = (await ensure_layout(nc.jetstream())).workers
