@@ -14,13 +14,18 @@ Every call ends in exactly one outcome:
 
 Besides outcomes the tally counts ``duplicated`` answers (one request id answering two calls)
 and every 500 (``internal_errors``: "no 500" means this stays 0; documented failures are other
-statuses - 502 for a worker's own error such as INFER_FAILED, 503/504 when retryable).
+statuses - 502 for a worker's own error such as INFER_FAILED, 503/504 when retryable), and
+``epoch_regressions``: answers from an older placement epoch than one the client had already
+been answered from before the call began.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
+import contextlib
+import itertools
 import json
 import time
 from collections import Counter
@@ -67,6 +72,7 @@ class Record:
     codes: list[str] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
     last_message: str = ""
+    epoch: int = 0  # the placement epoch that answered (X-Taskfleet-Epoch), 0 when none
 
     @property
     def seconds(self) -> float:
@@ -117,6 +123,21 @@ class Tally:
 
     def codes(self) -> Counter[str]:
         return Counter(code for r in self.records for code in r.codes)
+
+    def epoch_regressions(self) -> int:
+        """Answers from an older epoch than one answered before the call was sent."""
+        answered = sorted((r for r in self.records if r.epoch), key=lambda r: r.ended)
+        ends = [r.ended for r in answered]
+        highest = list(itertools.accumulate((r.epoch for r in answered), max))
+        back = 0
+        for r in answered:
+            before = bisect.bisect_left(ends, r.started)
+            if before and r.epoch < highest[before - 1]:
+                back += 1
+        return back
+
+    def epochs(self) -> Counter[int]:
+        return Counter(r.epoch for r in self.records if r.epoch)
 
     def note_request_id(self, request_id: str | None) -> bool:
         """Remember an answer's request id; True when another call was answered with it."""
@@ -192,8 +213,13 @@ class CountingClient:
         retry_budget_s: float = 60.0,
         http_timeout_s: float = 120.0,
         tally: Tally | None = None,
+        gateways: list[str] | None = None,
+        follow_epochs: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._bases = itertools.cycle([self.base_url, *(g.rstrip("/") for g in gateways or [])])
+        self.follow_epochs = follow_epochs
+        self.highest_epoch = 0
         self.task = task
         self.reference = reference
         self.by_model = by_model or {}
@@ -255,7 +281,10 @@ class CountingClient:
         headers: dict[str, str] = {}
         if call.timeout_ms is not None:
             headers["X-Taskfleet-Timeout-Ms"] = str(call.timeout_ms)
+        if self.follow_epochs and self.highest_epoch:
+            headers["X-Taskfleet-Min-Epoch"] = str(self.highest_epoch)
         task = call.task or self.task
+        base = next(self._bases)
         if call.protocol == "openai":
             body: dict[str, Any] = {
                 "model": task,
@@ -265,7 +294,7 @@ class CountingClient:
             }
             return self._http.build_request(
                 "POST",
-                f"{self.base_url}/v1/embeddings",
+                f"{base}/v1/embeddings",
                 content=json.dumps(body).encode(),
                 headers={**headers, "Content-Type": "application/json"},
             )
@@ -278,7 +307,7 @@ class CountingClient:
             media = "application/msgpack"
         return self._http.build_request(
             "POST",
-            f"{self.base_url}/v1/tasks/{task}",
+            f"{base}/v1/tasks/{task}",
             content=content,
             headers={**headers, "Content-Type": media, "Accept": media},
         )
@@ -287,6 +316,9 @@ class CountingClient:
         request_id = response.headers.get("X-Request-Id")
         if request_id:
             record.request_ids.append(request_id)
+        with contextlib.suppress(ValueError):
+            record.epoch = int(response.headers.get("X-Taskfleet-Epoch", "0"))
+            self.highest_epoch = max(self.highest_epoch, record.epoch)
         self.tally.note_request_id(request_id)
         try:
             vectors = decode_vectors(call.protocol, response)

@@ -21,12 +21,25 @@ class Reference:
     """``reference[text]`` -> the in-process float32 vector of ``text`` (query or passage)."""
 
     def __init__(
-        self, model_path: Path, *, query_prefix: str = "", passage_prefix: str = ""
+        self,
+        model_path: Path,
+        *,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        adapter_path: Path | None = None,
     ) -> None:
+        """``adapter_path``: a LoRA on the model, loaded by the runtime's own loader."""
         from sentence_transformers import SentenceTransformer
 
         self.model_path = model_path
-        self._model: Any = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
+        self._model: Any
+        if adapter_path is None:
+            self._model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
+        else:
+            from serving.runtime.encoder import ModelSpec, load_sentence_transformer
+
+            spec = ModelSpec(model_path, adapter_path)
+            self._model = load_sentence_transformer(spec, device="cpu")
         self._prefix = {"query": query_prefix, "passage": passage_prefix}
         self._cache: dict[tuple[str, str], np.ndarray] = {}
 
