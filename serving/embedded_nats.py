@@ -108,6 +108,11 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (for CPU accounting), else None."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def start(self) -> EmbeddedNats:
         if self.running:
             return self
