@@ -106,6 +106,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/reliability.py
 	$(VENV)/bin/pytest -q -m bench
 	$(PY) benchmarks/knee.py --report
+	$(PY) benchmarks/scale_out.py
 
 clean:
 	rm -rf $(VENV) $(INFINITY_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache
