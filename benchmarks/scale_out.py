@@ -53,6 +53,10 @@ from tests.machines import Machines, cpu_seconds  # noqa: E402
 from tests.suite_fixture import add_task  # noqa: E402
 from tests.tiny_model import build_tiny_adapter, build_tiny_model  # noqa: E402
 
+# Calls cut their texts from this many distinct sentences, whose in-process vectors are computed
+# before a stream starts: checking an answer is then a lookup, not an encode in the client.
+POOL = 2048
+
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
@@ -69,6 +73,7 @@ class Stream:
     reference: Reference
     by_model: dict[tuple[str, str], Reference]
     concurrency: int
+    pool: list[str]  # the texts calls are cut from, in turn (references prepared on them)
     texts: int = 1
     clients: int = 2
     tally: Tally = field(default_factory=Tally)
@@ -80,11 +85,11 @@ class Stream:
 
     def start(self) -> Stream:
         urls = [g.url for g in self.machines.gateways]
-        offset = int(time.time() * 1000) % 100_000  # other texts than the last stream's
+        pool = self.pool
 
         def next_call(i: int) -> Call | None:
-            n = offset + i * self.texts
-            return Call([sentence(n + k) for k in range(self.texts)], protocol="msgpack")
+            n = i * self.texts
+            return Call([pool[(n + k) % len(pool)] for k in range(self.texts)], protocol="msgpack")
 
         async def run() -> None:
             loop_stop = asyncio.Event()
@@ -225,11 +230,14 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
         key_a = model_key(reg.get_model("model-a"), None)
         key_b = model_key(reg.get_model("model-b"), reg.get_adapter("lora-b"))
         by_model = {(task, key_a): ref_a, (task, key_b): ref_b}
+        pool = [sentence(i) for i in range(POOL)]
+        ref_a.prepare(pool)
+        ref_b.prepare(pool)
         first = promoted(machines, task, cand_a.name, pinned=True, replicas=2)
         machines.serving(task, first, workers=2)
 
         def stream() -> Stream:
-            return Stream(machines, task, ref_a, by_model, args.concurrency).start()
+            return Stream(machines, task, ref_a, by_model, args.concurrency, pool).start()
 
         # -- replicas 2 of 3: exactly 2 hold it; the third pulls nothing for it
         held = stable(lambda: machines.holders(task), 3.0)
@@ -481,13 +489,17 @@ def run_scaling(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         cand = reg.add_candidate(task, base="minilm")
         reference = Reference(minilm)
         by_model = {(task, model_key(reg.get_model("minilm"), None)): reference}
+        pool = [sentence(i) for i in range(POOL // 2)]
+        reference.prepare(pool)
         epoch = promoted(machines, task, cand.name, pinned=True, replicas=1)
         for n in (1, 2, 3):
             if n > 1:
                 epoch = placement_replicas(machines, task, n)
             machines.serving(task, epoch, workers=n, timeout_s=300)
             stable(lambda: machines.holders(task), 2.0)
-            results["runs"].append(measure(machines, task, reference, by_model, args, workers=n))
+            results["runs"].append(
+                measure(machines, task, reference, by_model, pool, args, workers=n)
+            )
             log(f"scaling {n}: {json.dumps(results['runs'][-1])}")
 
         # Per-message costs on a tiny model: the fleet's own work, not the model's.
@@ -500,8 +512,9 @@ def run_scaling(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         cost_epoch = promoted(machines, cost_task, cand.name, pinned=True, replicas=3)
         machines.serving(cost_task, cost_epoch, workers=3, timeout_s=300)
         cost_by_model = {(cost_task, model_key(reg.get_model("tiny"), None)): cost_ref}
+        cost_ref.prepare(pool)
         results["cost"] = measure(
-            machines, cost_task, cost_ref, cost_by_model, args, workers=3, texts=1
+            machines, cost_task, cost_ref, cost_by_model, pool, args, workers=3, texts=1
         )
         log(f"per-message cost: {json.dumps(results['cost'])}")
     except BaseException:
@@ -526,6 +539,7 @@ def measure(
     task: str,
     reference: Reference,
     by_model: dict[tuple[str, str], Reference],
+    pool: list[str],
     args: argparse.Namespace,
     *,
     workers: int,
@@ -535,7 +549,7 @@ def measure(
     ``args.scaling_s`` after a warm-up; throughput and each process's CPU time per call."""
     texts = texts or args.scaling_texts
     s = Stream(
-        machines, task, reference, by_model, args.scaling_concurrency, texts=texts, clients=1
+        machines, task, reference, by_model, args.scaling_concurrency, pool, texts, clients=1
     ).start()
     s.wait_answers(args.scaling_concurrency * 2, timeout_s=300)
     pids = process_table(machines)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -196,7 +197,7 @@ class Machines:
             for i in range(self.n_workers):
                 self.workers.append(self._worker_role(i).start())
             for gateway in self.gateways:
-                wait_until(lambda g=gateway: _ready(g.url), timeout_s=90, every_s=0.2)
+                wait_until(functools.partial(_ready, gateway.url), timeout_s=90, every_s=0.2)
             wait_until(lambda: len(self.heartbeats()) >= self.n_workers, timeout_s=120)
         except BaseException:
             self.stop()
