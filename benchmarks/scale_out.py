@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from serving.placements import model_key  # noqa: E402
 from tests.faults.counting import Call, CountingClient, Tally  # noqa: E402
 from tests.faults.reference import Reference  # noqa: E402
 from tests.faults.scenarios import sentence  # noqa: E402
-from tests.fleet_fixture import register_test_adapter, wait_until  # noqa: E402
+from tests.fleet_fixture import register_test_adapter, stable, wait_until  # noqa: E402
 from tests.machines import Machines, cpu_seconds  # noqa: E402
 from tests.suite_fixture import add_task  # noqa: E402
 from tests.tiny_model import build_tiny_adapter, build_tiny_model  # noqa: E402
@@ -216,6 +215,11 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
     log(f"fleet up: NATS {machines.nats.url}, control plane {machines.cp.url}")
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"rows": rows}
+
+    def add_row(measured: dict[str, Any]) -> None:
+        rows.append(measured)
+        log(f"row: {json.dumps(measured)}")
+
     try:
         reg = machines.reg
         task = "german-legal-scale-out"
@@ -284,7 +288,7 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
             checks.append(f"adapter fetched by {fetched}, verified in logs of {verified}")
         if {first, second, third_epoch} - set(tally.epochs()):
             checks.append(f"epochs answered {dict(tally.epochs())}")
-        rows.append(
+        add_row(
             row(
                 "promote A -> B (LoRA) -> rollback",
                 tally,
@@ -294,7 +298,6 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
                 failed_checks=checks,
             )
         )
-        log(f"promotion row: {json.dumps(rows[-1])}")
 
         # -- kill -9 of the NATS node that leads the TASKS stream
         s = stream()
@@ -308,7 +311,7 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
         rejoined_s = wait_rejoined(machines, node)
         ended = time.monotonic()
         s.wait_answers(20)
-        rows.append(
+        add_row(
             row(
                 f"kill -9 NATS node {node} (TASKS stream leader), "
                 f"back after {args.nats_down_s:g} s",
@@ -318,7 +321,6 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
                 rejoined_s_after_its_restart=round(rejoined_s, 1),
             )
         )
-        log(f"nats row: {json.dumps(rows[-1])}")
 
         # -- PostgreSQL stopped: traffic goes on; a promotion fails retryably, then works
         s = stream()
@@ -338,7 +340,7 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
         checks = []
         if not (during.status_code == 503 and error.get("retryable") is True):
             checks.append(f"promotion during the outage answered {during.status_code}")
-        rows.append(
+        add_row(
             row(
                 f"PostgreSQL stopped {args.pg_down_s:g} s",
                 s.stop(),
@@ -351,7 +353,6 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
                 failed_checks=checks,
             )
         )
-        log(f"pg row: {json.dumps(rows[-1])}")
 
         # -- kill -9 of the control plane: traffic goes on; a new one leads again
         s = stream()
@@ -364,7 +365,7 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
         machines.restart_control()
         ended = time.monotonic()
         s.wait_answers(20)
-        rows.append(
+        add_row(
             row(
                 f"kill -9 control plane ({args.phase_s:g} s down, then restarted)",
                 s.stop(),
@@ -374,7 +375,6 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
                 leads_again_after_s=round(ended - began - args.phase_s, 1),
             )
         )
-        log(f"control-plane row: {json.dumps(rows[-1])}")
 
         # -- kill -9 of a worker that holds the task: its replica moves to the third
         s = stream()
@@ -389,7 +389,7 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
         ended = time.monotonic()
         s.wait_answers(20)
         checks = [] if moved_s <= 2 * 15.0 else [f"replica moved only after {moved_s:.1f} s"]
-        rows.append(
+        add_row(
             row(
                 f"kill -9 worker {machines.workers[victim].name} (a holder)",
                 s.stop(),
@@ -399,27 +399,12 @@ def run_faults(root: Path, models: Models, args: argparse.Namespace) -> dict[str
                 failed_checks=checks,
             )
         )
-        log(f"worker row: {json.dumps(rows[-1])}")
     except BaseException:
         log(machines.logs())
         raise
     finally:
         machines.stop()
     return out
-
-
-def stable(probe: Callable[[], Any], seconds: float, timeout_s: float = 90.0) -> Any:
-    """The value of ``probe`` once it has stayed the same for ``seconds``."""
-    deadline = time.monotonic() + timeout_s
-    last, since = probe(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        now = probe()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= seconds:
-            return last
-    raise AssertionError(f"never stable: {last!r}")
 
 
 def batches_for(machines: Machines, index: int, task: str) -> int:

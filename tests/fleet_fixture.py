@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import nats
@@ -106,6 +106,20 @@ def wait_until(probe: Callable[[], T | None], timeout_s: float = 15.0, every_s: 
             return last
         time.sleep(every_s)
     raise AssertionError(f"condition not met within {timeout_s}s (last value: {last!r})")
+
+
+def stable(probe: Callable[[], Any], seconds: float, timeout_s: float = 60.0) -> Any:
+    """The value of ``probe`` once it has stayed the same for ``seconds``."""
+    deadline = time.monotonic() + timeout_s
+    last, since = probe(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = probe()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= seconds:
+            return last
+    raise AssertionError(f"never stable: {last!r}")
 
 
 # ---- a whole local fleet from its real parts ---------------------------------------------

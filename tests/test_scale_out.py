@@ -18,6 +18,7 @@ from tests.fleet_fixture import (
     LocalFleet,
     register_served_task,
     register_test_adapter,
+    stable,
     wait_until,
 )
 from tests.nats_fixture import unique_task
@@ -42,20 +43,6 @@ def batches_for(fleet: LocalFleet, index: int, task: str) -> int:
     text = fleet.sidecar_metrics(index)
     found = re.search(rf'taskfleet_sidecar_batches_total\{{task="{task}"\}} (\d+)', text)
     return int(found.group(1)) if found else 0
-
-
-def stable(probe, seconds: float):  # type: ignore[no-untyped-def]
-    """The value of ``probe`` once it has stayed the same for ``seconds``."""
-    deadline = time.monotonic() + 60
-    last, since = probe(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        now = probe()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= seconds:
-            return last
-    raise AssertionError(f"never stable: {last!r}")
 
 
 def test_replicas_two_of_three_and_a_dead_holder_is_replaced(
