@@ -75,10 +75,11 @@ test-rust: sidecar
 	cd sidecar && cargo test --release --locked -q
 
 # Tests against the infinity-emb peer need its multi-GB environment, the Candle runtime a
-# long release build, and `bench` smoke runs a whole fleet of four workers: they run in
-# `make bench`.
+# long release build, a benchmark's `bench` smoke runs a whole fleet of four workers, and the
+# separate-process fleet (tests/test_machines.py) costs a minute or two of a CI budget that is
+# nearly spent: they run in `make bench`.
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q -m "not infinity and not candle and not bench" --durations=30
+	$(VENV)/bin/pytest -q -m "not infinity and not candle and not bench and not machines" --durations=30
 
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
 # (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
@@ -104,7 +105,7 @@ bench: $(STAMP) infinity test-candle
 	$(PY) benchmarks/padding.py --report
 	$(PY) benchmarks/adapters_mixed.py --report
 	$(PY) benchmarks/reliability.py
-	$(VENV)/bin/pytest -q -m bench
+	$(VENV)/bin/pytest -q -m "bench or machines"
 	$(PY) benchmarks/knee.py --report
 	$(PY) benchmarks/scale_out.py
 

@@ -19,7 +19,9 @@ from tests.machines import Machines
 from tests.suite_fixture import add_task
 from tests.tiny_model import build_tiny_model
 
-pytestmark = pytest.mark.slow  # a dozen processes
+# A dozen processes, 1-2 minutes: run by `make bench` (make test has the in-process smoke,
+# tests/test_scale_out.py).
+pytestmark = [pytest.mark.slow, pytest.mark.machines]
 
 
 def _call(machines: Machines, text: str) -> httpx.Response:
