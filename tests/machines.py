@@ -37,7 +37,7 @@ from serving import protocol as p
 from serving.embedded_nats import EmbeddedNatsCluster, free_port
 from serving.nats_layout import TASKS_STREAM
 from tests.faults.injectors import children_of
-from tests.fleet_fixture import make_layout, read_heartbeats, wait_until
+from tests.fleet_fixture import read_heartbeats, wait_until
 from tests.pg import PostgresServer
 
 # Seconds-scale settings a test can wait for; the shipped defaults otherwise.
@@ -179,8 +179,9 @@ class Machines:
     # ---- lifecycle
     def start(self) -> Machines:
         try:
+            # No layout made here: each role creates the streams and buckets it needs, as on
+            # separate machines.
             self.nats.start()
-            asyncio.run(make_layout(self.nats.url))
             self.pg.start()
             self.db_url = self.pg.create_database("taskfleet")
             # The operator's registry on the control plane's host: same database, same
