@@ -23,6 +23,7 @@ from serving.placements import model_key
 from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol, Tally
 from tests.faults.injectors import (
     Window,
+    freeze_runtime,
     kill_nats_node,
     kill_runtime,
     kill_sidecar,
@@ -185,6 +186,9 @@ def kill_sidecar_under_load(
 
     def fault(tally: Tally) -> Window:
         _when_sent(tally, 0.2, load)
+        # A tiny model answers in milliseconds: frozen, the victim surely holds requests when
+        # it dies (its runtime dies with it).
+        freeze_runtime(victim)
         wait_holding(fleet, victim, task)
         window = kill_sidecar(victim, restart=restart)
         if restart:
@@ -209,6 +213,7 @@ def kill_runtime_under_load(
 
     def fault(tally: Tally) -> Window:
         _when_sent(tally, 0.2, load)
+        freeze_runtime(victim)  # so that the sidecar surely holds requests when it dies
         wait_holding(fleet, victim, task)
         window = kill_runtime(victim)
         wait_until(lambda: holds_loop(fleet, victim.worker_id, task), timeout_s=90)
