@@ -20,14 +20,14 @@ from evals.report import run_markdown
 from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
 from evals.suites import RERANK, SuiteSpec, spec_from_record
-from registry.catalog import CANDIDATE_KINDS
+from registry.kinds import CANDIDATE_KINDS
 from registry.provenance import code_version
 from registry.stats import paired_run_difference
 
 if TYPE_CHECKING:
-    from registry import Registry
     from registry.entities import Candidate as CandidateRecord
     from registry.entities import EvalRun
+    from registry.store import EvalStore
     from serving.runtime.remote import RuntimeTarget
 
 
@@ -56,13 +56,13 @@ class ResolvedCandidate:
             close()
 
 
-def task_suite(reg: Registry, task: str, paths: EvalPaths) -> SuiteSpec:
+def task_suite(reg: EvalStore, task: str, paths: EvalPaths) -> SuiteSpec:
     """The newest registered version of the task's suite, as the harness reads it."""
     return spec_from_record(reg.get_suite(reg.get_task(task).suite), paths.suite_location)
 
 
 def resolve_candidate(
-    reg: Registry,
+    reg: EvalStore,
     candidate: CandidateRecord,
     suite: SuiteSpec,
     cache: EmbeddingCache,
@@ -152,7 +152,7 @@ def resolve_candidate(
 
 
 def run_eval(
-    reg: Registry,
+    reg: EvalStore,
     task: str,
     candidate_name: str,
     paths: EvalPaths,
@@ -271,7 +271,7 @@ def _log_to_mlflow(
         raise EvalError(f"could not log the run to MLflow at {uri}: {exc}") from None
 
 
-def leaderboard(reg: Registry, task: str) -> dict[str, EvalRun]:
+def leaderboard(reg: EvalStore, task: str) -> dict[str, EvalRun]:
     """Per candidate, the run that ranks it on the newest version of the task's suite (the
     registry's rule: its test split only, never another version or folder)."""
     return reg.leaderboard(task)
@@ -285,7 +285,7 @@ class Comparison:
     shared_queries: int
 
 
-def compare(reg: Registry, task: str, a: str, b: str) -> Comparison:
+def compare(reg: EvalStore, task: str, a: str, b: str) -> Comparison:
     """Paired bootstrap of the main-metric difference between two candidates' latest runs."""
     board = leaderboard(reg, task)
     for name in (a, b):
@@ -311,7 +311,7 @@ DEMO_SAMPLE = 100
 
 
 def evaluate_sample(
-    reg: Registry,
+    reg: EvalStore,
     task: str,
     candidates: list[str],
     paths: EvalPaths,

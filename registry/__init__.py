@@ -1,8 +1,16 @@
 """The registry: source of truth for tasks, models, adapters, candidates, evals and placements.
 
-Only this package writes the database. Everything else calls `registry.Registry` (in-process)
-or the control-plane REST API.
+Only this package writes the database. Everything else calls `registry.Registry` (in-process,
+typed against the narrow views of `registry.store`) or the control-plane REST API.
+
+`Registry` (and with it SQLAlchemy) is imported on first use, not with the package: roles
+without a database (gateway, worker) import `registry.errors` or `registry.fingerprint` and
+never load the database layer.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from registry.errors import (
     AlreadyExists,
@@ -15,7 +23,9 @@ from registry.errors import (
     RegistryError,
     Unauthenticated,
 )
-from registry.service import Registry
+
+if TYPE_CHECKING:
+    from registry.service import Registry
 
 __all__ = [
     "AlreadyExists",
@@ -29,3 +39,11 @@ __all__ = [
     "RegistryError",
     "Unauthenticated",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Registry":
+        from registry.service import Registry
+
+        return Registry
+    raise AttributeError(f"module 'registry' has no attribute {name!r}")

@@ -20,9 +20,20 @@ from registry.fingerprint import (
     sequence_classifier_labels,
     tree_sha256,
 )
+from registry.kinds import BASELINE_KINDS, CANDIDATE_KINDS, TASK_KINDS
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow, TaskRow
+from registry.rows import (
+    adapter_entity,
+    candidate_entity,
+    get_adapter_row,
+    get_candidate_row,
+    get_model_row,
+    get_task_row,
+    model_entity,
+    task_entity,
+)
 from registry.runtimes import DEFAULT_RUNTIME, check_runtime_kinds
-from registry.suites import SUITE_KINDS, newest_suite_row
+from registry.suites import newest_suite_row
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.
@@ -33,14 +44,6 @@ _PATTERNS = {
     "candidate": (CANDIDATE_NAME_RE, "'.', '_', '+' or '-'"),
     "task": (TASK_NAME_RE, "'_' or '-'"),
 }
-TASK_KINDS = SUITE_KINDS  # a task has the kind of its suite
-# What can compete on a task of each kind. Model-free baselines have no base or adapter.
-CANDIDATE_KINDS: dict[str, tuple[str, ...]] = {
-    "retrieval": ("embedding", "bm25"),
-    "rerank": ("cross-encoder", "embedding", "bm25", "random"),
-    "classification": ("classifier", "tfidf-lr", "majority"),
-}
-BASELINE_KINDS = ("bm25", "random", "tfidf-lr", "majority")
 # The task head a model candidate needs: in its adapter artifact, or a transformers
 # sequence-classification base (a Hugging Face cross-encoder or classifier) without adapter.
 _HEAD_OF_KIND = {"cross-encoder": "score", "classifier": "classify", "embedding": None}
@@ -117,7 +120,7 @@ class CatalogMixin(ServiceBase):
 
     def get_task(self, name: str) -> e.Task:
         with self._read() as s:
-            return task_entity(_task_row(s, name))
+            return task_entity(get_task_row(s, name))
 
     def list_tasks(self) -> list[e.Task]:
         with self._read() as s:
@@ -174,7 +177,7 @@ class CatalogMixin(ServiceBase):
         """Which runtimes may serve the model (a placement on one still needs its eval run)."""
         kinds = check_runtime_kinds(runtime_kinds)
         with self._write() as s:
-            row = _model_row(s, name)
+            row = get_model_row(s, name)
             previous = list(row.runtime_kinds)
             row.runtime_kinds = kinds
             self._audit(
@@ -184,7 +187,7 @@ class CatalogMixin(ServiceBase):
 
     def get_model(self, name: str) -> e.BaseModel:
         with self._read() as s:
-            return model_entity(_model_row(s, name))
+            return model_entity(get_model_row(s, name))
 
     def list_models(self) -> list[e.BaseModel]:
         with self._read() as s:
@@ -215,9 +218,9 @@ class CatalogMixin(ServiceBase):
         with self._read() as s:
             if s.scalar(select(AdapterRow).where(AdapterRow.name == name)):
                 raise AlreadyExists(f"adapter {name!r} already exists")
-            base_row = _model_row(s, base)
+            base_row = get_model_row(s, base)
             if parent is not None:
-                parent_row = _adapter_row(s, parent)
+                parent_row = get_adapter_row(s, parent)
                 if parent_row.base_model_id != base_row.id:
                     parent_base = s.get(BaseModelRow, parent_row.base_model_id)
                     raise LineageError(
@@ -231,8 +234,8 @@ class CatalogMixin(ServiceBase):
             )
         digest = self.artifacts.put_dir(source_dir)
         with self._write() as s:
-            base_row = _model_row(s, base)
-            parent_id = _adapter_row(s, parent).id if parent else None
+            base_row = get_model_row(s, base)
+            parent_id = get_adapter_row(s, parent).id if parent else None
             row = AdapterRow(
                 name=name,
                 base_model_id=base_row.id,
@@ -257,13 +260,13 @@ class CatalogMixin(ServiceBase):
 
     def get_adapter(self, name: str) -> e.Adapter:
         with self._read() as s:
-            return adapter_entity(s, _adapter_row(s, name))
+            return adapter_entity(s, get_adapter_row(s, name))
 
     def list_adapters(self, base: str | None = None) -> list[e.Adapter]:
         with self._read() as s:
             query = select(AdapterRow).order_by(AdapterRow.created_at, AdapterRow.id)
             if base is not None:
-                query = query.where(AdapterRow.base_model_id == _model_row(s, base).id)
+                query = query.where(AdapterRow.base_model_id == get_model_row(s, base).id)
             return [adapter_entity(s, r) for r in s.scalars(query)]
 
     def adapter_path(self, name: str) -> Path:
@@ -274,7 +277,7 @@ class CatalogMixin(ServiceBase):
         """The adapter and its ancestors, root first."""
         with self._read() as s:
             chain: list[e.Adapter] = []
-            row: AdapterRow | None = _adapter_row(s, name)
+            row: AdapterRow | None = get_adapter_row(s, name)
             while row is not None:
                 chain.append(adapter_entity(s, row))
                 row = s.get(AdapterRow, row.parent_id) if row.parent_id else None
@@ -282,7 +285,7 @@ class CatalogMixin(ServiceBase):
 
     def children(self, name: str) -> list[e.Adapter]:
         with self._read() as s:
-            parent = _adapter_row(s, name)
+            parent = get_adapter_row(s, name)
             rows = s.scalars(select(AdapterRow).where(AdapterRow.parent_id == parent.id))
             return [adapter_entity(s, r) for r in rows]
 
@@ -298,7 +301,7 @@ class CatalogMixin(ServiceBase):
     ) -> e.Candidate:
         """Add a candidate; ``kind`` defaults to the task kind's model candidate."""
         with self._read() as s:
-            task_kind = _task_row(s, task).kind
+            task_kind = get_task_row(s, task).kind
         allowed = CANDIDATE_KINDS.get(task_kind, ())
         kind = kind or allowed[0]
         if kind not in allowed:
@@ -312,7 +315,7 @@ class CatalogMixin(ServiceBase):
         if kind not in BASELINE_KINDS:
             self._check_model_candidate(task, kind, base, adapter)
         with self._write() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             base_row = adapter_row = None
             if kind in BASELINE_KINDS:
                 if base or adapter:
@@ -320,7 +323,7 @@ class CatalogMixin(ServiceBase):
                 signature = kind
             else:
                 if adapter is not None:
-                    adapter_row = _adapter_row(s, adapter)
+                    adapter_row = get_adapter_row(s, adapter)
                     adapter_base = s.get(BaseModelRow, adapter_row.base_model_id)
                     assert adapter_base is not None
                     if base is not None and base != adapter_base.name:
@@ -330,7 +333,7 @@ class CatalogMixin(ServiceBase):
                         )
                     base_row = adapter_base
                 elif base is not None:
-                    base_row = _model_row(s, base)
+                    base_row = get_model_row(s, base)
                 else:
                     raise InvalidInput(f"a {kind} candidate needs --base or --adapter")
                 signature = f"model:{base_row.id}:adapter:{adapter_row.id if adapter_row else '-'}"
@@ -390,11 +393,11 @@ class CatalogMixin(ServiceBase):
 
     def get_candidate(self, task: str, name: str) -> e.Candidate:
         with self._read() as s:
-            return candidate_entity(s, _candidate_row(s, task, name))
+            return candidate_entity(s, get_candidate_row(s, task, name))
 
     def list_candidates(self, task: str) -> list[e.Candidate]:
         with self._read() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             rows = s.scalars(
                 select(CandidateRow)
                 .where(CandidateRow.task_id == task_row.id)
@@ -430,104 +433,3 @@ def _check_acyclic(s: Session, row: AdapterRow) -> None:
         seen.add(parent_id)
         parent = s.get(AdapterRow, parent_id)
         parent_id = parent.parent_id if parent else None
-
-
-def _task_row(s: Session, name: str) -> TaskRow:
-    row = s.scalar(select(TaskRow).where(TaskRow.name == name))
-    if row is None:
-        raise NotFound(f"unknown task {name!r}")
-    return row
-
-
-def _model_row(s: Session, name: str) -> BaseModelRow:
-    row = s.scalar(select(BaseModelRow).where(BaseModelRow.name == name))
-    if row is None:
-        raise NotFound(f"unknown model {name!r}")
-    return row
-
-
-def _adapter_row(s: Session, name: str) -> AdapterRow:
-    row = s.scalar(select(AdapterRow).where(AdapterRow.name == name))
-    if row is None:
-        raise NotFound(f"unknown adapter {name!r}")
-    return row
-
-
-def _candidate_row(s: Session, task: str, name: str) -> CandidateRow:
-    task_row = _task_row(s, task)
-    row = s.scalar(
-        select(CandidateRow).where(CandidateRow.task_id == task_row.id, CandidateRow.name == name)
-    )
-    if row is None:
-        raise NotFound(f"task {task!r} has no candidate {name!r}")
-    return row
-
-
-def task_entity(r: TaskRow) -> e.Task:
-    return e.Task(
-        r.id,
-        r.name,
-        r.kind,
-        r.description,
-        r.suite,
-        r.owner,
-        r.margin,
-        r.auto_promote,
-        r.created_at,
-    )
-
-
-def model_entity(r: BaseModelRow) -> e.BaseModel:
-    return e.BaseModel(
-        r.id,
-        r.name,
-        r.path,
-        r.package,
-        r.sha256,
-        r.dims,
-        r.max_seq_length,
-        r.size_bytes,
-        list(r.runtime_kinds),
-        r.query_prefix,
-        r.passage_prefix,
-        r.created_at,
-    )
-
-
-def adapter_entity(s: Session, r: AdapterRow) -> e.Adapter:
-    base = s.get(BaseModelRow, r.base_model_id)
-    parent = s.get(AdapterRow, r.parent_id) if r.parent_id else None
-    training = e.TrainingRecord(
-        data_fingerprint=r.data_fingerprint,
-        train_split=r.train_split,
-        hyperparameters=dict(r.hyperparameters),
-        seed=r.seed,
-        code_version=r.code_version,
-        suite=r.suite,
-        mlflow_run_id=r.mlflow_run_id,
-    )
-    return e.Adapter(
-        r.id,
-        r.name,
-        base.name if base else "?",
-        parent.name if parent else None,
-        r.sha256,
-        r.size_bytes,
-        training,
-        r.created_at,
-    )
-
-
-def candidate_entity(s: Session, r: CandidateRow) -> e.Candidate:
-    task = s.get(TaskRow, r.task_id)
-    base = s.get(BaseModelRow, r.base_model_id) if r.base_model_id else None
-    adapter = s.get(AdapterRow, r.adapter_id) if r.adapter_id else None
-    return e.Candidate(
-        r.id,
-        r.name,
-        task.name if task else "?",
-        r.kind,
-        base.name if base else None,
-        adapter.name if adapter else None,
-        r.created_at,
-    )

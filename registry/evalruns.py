@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from registry import entities as e
 from registry.base import ServiceBase
-from registry.catalog import BASELINE_KINDS, _candidate_row, _task_row
 from registry.errors import InvalidInput, NotFound
+from registry.kinds import BASELINE_KINDS
 from registry.models import CandidateRow, EvalRunRow, SuiteRow, TaskRow
+from registry.rows import get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, RUNTIME_KINDS
 from registry.suites import newest_suite_row
 
@@ -22,7 +23,7 @@ class EvalRunMixin(ServiceBase):
         """Record a complete run, scored on a registered version of the task's own suite."""
         _validate(run)
         with self._write() as s:
-            cand = _candidate_row(s, run.task, run.candidate)
+            cand = get_candidate_row(s, run.task, run.candidate)
             run = replace(run, suite_version=str(_scored_version(s, run).version))
             row = EvalRunRow(
                 candidate_id=cand.id,
@@ -67,7 +68,7 @@ class EvalRunMixin(ServiceBase):
     def list_eval_runs(self, task: str, candidate: str | None = None) -> list[e.EvalRun]:
         """Eval runs of a task (optionally one candidate), newest first."""
         with self._read() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             query = (
                 select(EvalRunRow)
                 .join(CandidateRow, CandidateRow.id == EvalRunRow.candidate_id)
@@ -75,7 +76,7 @@ class EvalRunMixin(ServiceBase):
                 .order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc())
             )
             if candidate is not None:
-                query = query.where(CandidateRow.id == _candidate_row(s, task, candidate).id)
+                query = query.where(CandidateRow.id == get_candidate_row(s, task, candidate).id)
             return [eval_entity(s, r) for r in s.scalars(query)]
 
     def latest_eval_run(
@@ -91,7 +92,7 @@ class EvalRunMixin(ServiceBase):
         its test split only (a run of another version, another folder or the training split
         never ranks), the newest full run, else the newest sampled one."""
         with self._read() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             suite = newest_suite_row(s, task_row.suite)
             if suite is None:
                 return {}
@@ -109,7 +110,7 @@ class EvalRunMixin(ServiceBase):
 
 
 def _scored_version(s: Session, run: e.EvalRunCreate) -> SuiteRow:
-    task_row = _task_row(s, run.task)
+    task_row = get_task_row(s, run.task)
     if run.suite_name != task_row.suite:
         raise InvalidInput(
             f"task {run.task!r} is scored on suite {task_row.suite!r}, not {run.suite_name!r}"

@@ -14,16 +14,16 @@ from sqlalchemy.orm import Session
 
 from registry import entities as e
 from registry.base import ServiceBase
-from registry.catalog import _task_row
 from registry.errors import InvalidInput, NotFound
 from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow, utcnow
+from registry.rows import get_task_row
 from registry.runtimes import DEFAULT_RUNTIME
 
 
 class PlacementMixin(ServiceBase):
     def current_placement(self, task: str) -> e.Placement | None:
         with self._read() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             row = latest_placement_row(s, task_row.id)
             return placement_entity(s, row) if row else None
 
@@ -50,7 +50,7 @@ class PlacementMixin(ServiceBase):
 
     def mark_published(self, task: str, epoch: int) -> None:
         with self._write() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             row = s.scalar(
                 select(PlacementRow).where(
                     PlacementRow.task_id == task_row.id, PlacementRow.epoch == epoch

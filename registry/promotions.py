@@ -25,15 +25,10 @@ from sqlalchemy.orm import Session
 
 from httpapi.errors import ErrorCode
 from registry import entities as e
-from registry.catalog import (
-    BASELINE_KINDS,
-    CatalogMixin,
-    _candidate_row,
-    _task_row,
-    candidate_entity,
-)
+from registry.catalog import CatalogMixin
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import ranking_run_row
+from registry.kinds import BASELINE_KINDS
 from registry.models import (
     AdapterRow,
     BaseModelRow,
@@ -50,8 +45,10 @@ from registry.placements import (
     placement_entity,
     write_epoch,
 )
+from registry.rows import candidate_entity, get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
 from registry.stats import paired_run_difference
+from registry.store import UNSET
 from registry.suites import newest_suite_row
 
 # How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
@@ -60,7 +57,6 @@ RUNTIME_TOLERANCE = 0.001
 
 PROMOTE_ROLES = ("promoter", "admin")
 AUTO_PROMOTE_ACTOR = "system:auto-promote"
-UNSET = "\0unset"
 
 
 class PromotionRuleNotMet(InvalidInput):
@@ -76,7 +72,7 @@ class PromotionRequired(InvalidInput):
 class PromotionMixin(CatalogMixin):
     def champion(self, task: str) -> e.Candidate | None:
         with self._read() as s:
-            row = _champion_row(s, _task_row(s, task).id)
+            row = _champion_row(s, get_task_row(s, task).id)
             return candidate_entity(s, row) if row else None
 
     def list_promotions(self, task: str) -> list[e.Promotion]:
@@ -84,7 +80,7 @@ class PromotionMixin(CatalogMixin):
         with self._read() as s:
             rows = s.scalars(
                 select(PromotionRow)
-                .where(PromotionRow.task_id == _task_row(s, task).id)
+                .where(PromotionRow.task_id == get_task_row(s, task).id)
                 .order_by(PromotionRow.id.desc())
             )
             return [promotion_entity(s, r) for r in rows]
@@ -97,8 +93,8 @@ class PromotionMixin(CatalogMixin):
         ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
         """
         with self._read() as s:
-            task_row = _task_row(s, task)
-            cand = _candidate_row(s, task, candidate)
+            task_row = get_task_row(s, task)
+            cand = get_candidate_row(s, task, candidate)
             champion = _champion(s, task_row.id)
             champ, champ_runtime = champion if champion else (None, None)
             verdict = e.PromotionCheck(
@@ -220,7 +216,7 @@ class PromotionMixin(CatalogMixin):
         with self._read() as s:
             # No override places what the runtime cannot serve: it would fail every request.
             problem = _servable_problem(
-                s, _task_row(s, task), _candidate_row(s, task, candidate), runtime
+                s, get_task_row(s, task), get_candidate_row(s, task, candidate), runtime
             )
         if problem:
             raise InvalidInput(f"cannot promote {candidate!r} on {runtime}: {problem}")
@@ -259,7 +255,7 @@ class PromotionMixin(CatalogMixin):
         if not set(self.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("rolling back needs the promoter or admin role")
         with self._read() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             last = _latest_promotion(s, task_row.id, CANDIDATE_CHANGES)
             if last is None or last.previous_candidate_id is None:
                 raise InvalidInput(f"task {task!r} has no previous champion to roll back to")
@@ -302,7 +298,7 @@ class PromotionMixin(CatalogMixin):
         if replicas is not None:
             check_replicas(replicas)
         with self._write() as s:
-            task_row = _task_row(s, task)
+            task_row = get_task_row(s, task)
             champion = _champion(s, task_row.id)
             if champion is None:
                 raise PromotionRequired(
@@ -383,8 +379,8 @@ class PromotionMixin(CatalogMixin):
         replicas: int | None = None,
     ) -> e.Promotion:
         with self._write() as s:
-            task_row = _task_row(s, task)
-            cand = _candidate_row(s, task, candidate)
+            task_row = get_task_row(s, task)
+            cand = get_candidate_row(s, task, candidate)
             champion = _champion(s, task_row.id)
             champ, champ_runtime = champion if champion else (None, None)
             now = champ.name if champ else None
@@ -445,7 +441,7 @@ class PromotionMixin(CatalogMixin):
 
     def get_task_auto_promote(self, task: str) -> bool:
         with self._read() as s:
-            return _task_row(s, task).auto_promote
+            return get_task_row(s, task).auto_promote
 
 
 def _with(check: e.PromotionCheck, **changes: object) -> e.PromotionCheck:

@@ -27,7 +27,6 @@ from registry.access import (
 )
 from registry.errors import InvalidInput, NotImplementedHere, Unauthenticated
 from registry.keys import bearer_token
-from registry.promotions import UNSET
 from registry.rest_bodies import (
     AdapterIn,
     CandidateIn,
@@ -39,6 +38,7 @@ from registry.rest_bodies import (
     TaskIn,
 )
 from registry.service import Registry
+from registry.store import UNSET
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The registry service: the only writer of the database.
 
-`Registry` is one facade over small per-area mixins (suites, catalog, eval runs, placements
-and promotions, API keys, dashboard sessions); each public method is one transaction that also
-appends to the audit log.
+`Registry` is the one SQLAlchemy implementation of `registry.store.AbstractStore`, split by
+entity into small mixins (suites, catalog, eval runs, placements and promotions, API keys,
+dashboard sessions, workers); each public method is one transaction that also appends to the
+audit log. Callers that need only part of it type against the narrower views in
+`registry/store.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from registry.keys import ApiKeyMixin
 from registry.placements import PlacementMixin
 from registry.promotions import PromotionMixin
 from registry.sessions import DashboardSessionMixin
+from registry.store import AbstractStore
 from registry.suites import SuiteMixin
 
 
@@ -29,6 +32,7 @@ class Registry(
     DashboardSessionMixin,
     FleetMixin,
     SuiteMixin,
+    AbstractStore,  # last: the mixins' methods implement its abstract ones
 ):
     @classmethod
     def open(

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from registry import entities as e
 from registry.base import ServiceBase
 from registry.errors import InvalidInput, NotFound
+from registry.kinds import SUITE_KINDS
 from registry.models import SuiteRow
 
-SUITE_KINDS = ("retrieval", "rerank", "classification")
 SUITE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 

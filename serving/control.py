@@ -21,7 +21,7 @@ from typing import Protocol
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
-from registry import Registry
+from registry.store import ControlLoopStore
 from serving.connection import NatsTarget, connect_forever, nats_options
 from serving.fleet import FleetWatcher
 from serving.leader import LeaderLock, new_holder_id
@@ -51,7 +51,7 @@ class ControlLoops:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: ControlLoopStore,
         nats_url: NatsTarget,
         *,
         holder: str | None = None,

@@ -27,8 +27,8 @@ from nats.js.kv import KeyValue
 from serving import nats_layout
 
 if TYPE_CHECKING:  # the control plane's side only: gateways import this module without them
-    from registry import Registry
     from registry import entities as e
+    from registry.store import PublisherStore
 
 log = logging.getLogger("taskfleet.directory")
 
@@ -122,7 +122,7 @@ def task_kind(data: bytes) -> str:
         raise DirectoryError(f"not a task record: {exc}") from None
 
 
-def desired_entries(registry: Registry) -> dict[str, bytes]:
+def desired_entries(registry: PublisherStore) -> dict[str, bytes]:
     """What the bucket should hold now, from the registry (two reads; blocking: run it in a
     thread)."""
     entries = {TASK_PREFIX + t.name: task_value(t.name, t.kind) for t in registry.list_tasks()}

@@ -19,8 +19,9 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from registry import Registry, RegistryError
+from registry import RegistryError
 from registry import entities as e
+from registry.store import WorkerReportSink
 from serving import protocol as p
 from serving.connection import NatsTarget, connect_forever
 from serving.nats_layout import WORKERS_TTL_S, ensure_layout
@@ -51,7 +52,7 @@ class FleetWatcher:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: WorkerReportSink,
         nats_url: NatsTarget,
         *,
         flush_interval_s: float = 1.0,

@@ -23,8 +23,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from registry import Registry, RegistryError
+from registry import RegistryError
 from registry import entities as e
+from registry.store import CatalogReader, PublisherStore
 from serving import protocol as p
 from serving.artifacts import ArtifactMismatch, upload
 from serving.connection import NatsTarget, connect_forever
@@ -70,7 +71,9 @@ class Folders:
     adapter: tuple[Path, str] | None
 
 
-def placement_value(registry: Registry, placement: e.Placement) -> tuple[p.PlacementValue, Folders]:
+def placement_value(
+    registry: CatalogReader, placement: e.Placement
+) -> tuple[p.PlacementValue, Folders]:
     """The KV value of docs/protocol.md for a registry placement, and the folders behind
     its artifacts (uploaded before the value is published)."""
     try:
@@ -169,7 +172,7 @@ class PublishResult:
 
 
 async def publish_pending(
-    registry: Registry, kv: KeyValue, artifacts: ObjectStore
+    registry: PublisherStore, kv: KeyValue, artifacts: ObjectStore
 ) -> PublishResult:
     """One pass over the outbox: upload each placement's artifacts, then publish it. NATS
     errors propagate (the caller backs off and retries); a placement that can never be
@@ -190,7 +193,7 @@ async def publish_pending(
 
 
 async def publish_everything(
-    registry: Registry, js: JetStreamContext, *, prune: bool = True
+    registry: PublisherStore, js: JetStreamContext, *, prune: bool = True
 ) -> PublishResult:
     """One full pass of what a leading control plane publishes: the placement outbox and the
     whole directory (read back from NATS and corrected; see ``publish_directory``)."""
@@ -207,7 +210,7 @@ class PlacementPublisher:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: PublisherStore,
         nats_url: NatsTarget,
         *,
         poll_interval_s: float = 0.5,

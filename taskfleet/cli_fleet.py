@@ -19,12 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from registry import Registry
 from taskfleet.context import get_settings, open_registry
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from registry import Registry
     from serving.connection import NatsOptions
     from serving.dlq import ReplayOutcome
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from registry import InvalidInput, Registry
-from registry import db as registry_db
+from registry import InvalidInput
 from registry.entities import Adapter, ApiKey, TrainingRecord
 from taskfleet.context import get_settings, open_registry
+
+if TYPE_CHECKING:
+    from registry import Registry
 
 out = Console()
 
@@ -318,6 +321,8 @@ def candidate_ls(task: str = typer.Argument(..., help="Task name.")) -> None:
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
     """Apply migrations up to a revision (default: the newest)."""
+    from registry import db as registry_db
+
     engine = registry_db.create_registry_engine(get_settings().resolved_database_url)
     registry_db.upgrade(engine, revision)
     out.print(f"database at revision {registry_db.current_revision(engine)}")
@@ -326,6 +331,8 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) 
 @db_app.command("current")
 def db_current() -> None:
     """Print the database's revision and the newest one the code knows."""
+    from registry import db as registry_db
+
     engine = registry_db.create_registry_engine(get_settings().resolved_database_url)
     current = registry_db.current_revision(engine)
     head = registry_db.head_revision(engine)

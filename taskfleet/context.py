@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry import Registry
 from taskfleet.settings import Settings
+
+if TYPE_CHECKING:
+    from registry import Registry
 
 
 @dataclass
@@ -25,6 +27,8 @@ class CliState:
 
     def registry(self) -> Registry:
         if self._registry is None:
+            from registry import Registry  # the database layer: only for commands that use it
+
             s = self.settings
             self._registry = Registry.open(
                 s.resolved_database_url,

@@ -28,13 +28,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from registry import Registry
 from serving.connection import NatsTarget, nats_options
 from serving.httpserver import http_config
+
+if TYPE_CHECKING:
+    from registry import Registry
 
 log = logging.getLogger("taskfleet.up")
 SIDECAR_BINARY = "taskfleet-sidecar"

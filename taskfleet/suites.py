@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry import Registry
 from registry.entities import Suite, SuiteCreate
+
+if TYPE_CHECKING:
+    from registry import Registry
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,413 @@
+"""The registry's abstract store: what each role may ask of the registry, with no database.
+
+Shaped like MLflow's model-registry ``AbstractStore``: an interface of plain methods that take
+and return the plain entities of ``registry/entities.py`` (never ORM rows), and one SQLAlchemy
+implementation, ``registry.Registry`` (``registry/service.py``), split by entity into
+``registry/{suites,catalog,evalruns,placements,promotions,keys,sessions,fleet}.py`` over the
+rows of ``registry/models.py`` (shared lookups in ``registry/rows.py``). Alembic migrations are
+the only way the schema moves.
+
+The interface is cut along what roles read, so a caller types against the narrowest view it
+needs: the placement and directory publisher against ``PublisherStore``, the control plane's
+NATS side against ``ControlLoopStore``, the eval runner against ``EvalStore``. Gateways and
+workers need none of it: they read what the control plane publishes to NATS (a test of the
+import graph keeps it so). ``AbstractStore`` is the whole registry (CLI, REST, dashboard).
+
+This module imports no SQLAlchemy: importing it (or ``registry``) costs nothing to a role
+without a database.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+from pathlib import Path
+
+from registry import entities as e
+
+# ``expected_champion`` not given: promote/rollback whatever the champion is now.
+UNSET = "\0unset"
+
+
+class CatalogReader(ABC):
+    """What evals, fine-tuning and the placement publisher read of the catalog: suites,
+    tasks, base models, adapters (with their stored folders) and candidates."""
+
+    @abstractmethod
+    def get_suite(self, name: str, version: int | None = None) -> e.Suite:
+        """A suite's newest version, or the given one."""
+
+    @abstractmethod
+    def get_task(self, name: str) -> e.Task: ...
+
+    @abstractmethod
+    def list_tasks(self) -> list[e.Task]: ...
+
+    @abstractmethod
+    def get_model(self, name: str) -> e.BaseModel: ...
+
+    @abstractmethod
+    def model_path(self, name: str) -> Path: ...
+
+    @abstractmethod
+    def get_adapter(self, name: str) -> e.Adapter: ...
+
+    @abstractmethod
+    def adapter_path(self, name: str) -> Path:
+        """The stored adapter folder, verified against its sha256."""
+
+    @abstractmethod
+    def lineage(self, name: str) -> list[e.Adapter]:
+        """The adapter and its ancestors, root first."""
+
+    @abstractmethod
+    def get_candidate(self, task: str, name: str) -> e.Candidate: ...
+
+
+class PlacementOutbox(ABC):
+    """The placements the fleet has not been told about yet, and the mark that it has."""
+
+    @abstractmethod
+    def unpublished_placements(self) -> list[e.Placement]:
+        """Newest placements the fleet has not been told about yet (the outbox)."""
+
+    @abstractmethod
+    def mark_published(self, task: str, epoch: int) -> None: ...
+
+
+class KeyDigestSource(ABC):
+    """API keys as gateways verify them: digests, never tokens."""
+
+    @abstractmethod
+    def api_key_digests(self) -> list[e.ApiKeyDigest]:
+        """Every key with the sha256 of its token: what gateways verify keys against (the
+        control plane publishes it to NATS; the plain token is never stored anywhere)."""
+
+
+class WorkerReportSink(ABC):
+    """Where the fleet watcher writes what the workers' heartbeats say."""
+
+    @abstractmethod
+    def record_worker_report(
+        self, report: e.WorkerReport, *, seen_at: datetime | None = None
+    ) -> e.Worker:
+        """Insert or refresh a worker's row from its newest heartbeat.
+
+        ``seen_at`` is when the heartbeat reached NATS (the server's clock, one clock for the
+        whole fleet); default now.
+
+        Heartbeats arrive every few seconds per worker, so they are deliberately not written
+        to the audit log (it records acts of people and promotions, not liveness).
+        """
+
+    @abstractmethod
+    def mark_workers_unreachable(
+        self, *, seen_before: datetime | None = None, worker_ids: list[str] | None = None
+    ) -> list[str]:
+        """Flag workers silent since ``seen_before``, or the named ones; returns the ids flagged."""
+
+
+class PublisherStore(CatalogReader, PlacementOutbox, KeyDigestSource):
+    """What the placement and directory publisher reads (``serving/placements.py``,
+    ``serving/directory.py``)."""
+
+
+class ControlLoopStore(PublisherStore, WorkerReportSink):
+    """What the control plane's NATS side uses: the publisher and the fleet watcher
+    (``serving/control.py``)."""
+
+
+class EvalStore(CatalogReader):
+    """What the eval runner reads and writes (``evals/runner.py``)."""
+
+    @abstractmethod
+    def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
+        """Record a complete run, scored on a registered version of the task's own suite."""
+
+    @abstractmethod
+    def leaderboard(self, task: str) -> dict[str, e.EvalRun]:
+        """Per candidate, the run that ranks it: on the newest version of the task's suite and
+        its test split only (a run of another version, another folder or the training split
+        never ranks), the newest full run, else the newest sampled one."""
+
+
+class SuiteStore(ABC):
+    """Suite versions beyond the one a task is scored on (``registry/suites.py``)."""
+
+    @abstractmethod
+    def add_suite(self, suite: e.SuiteCreate) -> tuple[e.Suite, bool]:
+        """Register a suite version; returns (version, created). Same fingerprint: not created."""
+
+    @abstractmethod
+    def suite_versions(self, name: str) -> list[e.Suite]:
+        """Every version of a suite, newest first."""
+
+    @abstractmethod
+    def list_suites(self) -> list[e.Suite]:
+        """The newest version of every suite, by name."""
+
+
+class CatalogStore(ABC):
+    """Writes and lists of the catalog, and the audit log (``registry/catalog.py``)."""
+
+    @abstractmethod
+    def add_task(
+        self,
+        name: str,
+        *,
+        suite: str,
+        kind: str | None = None,
+        description: str = "",
+        owner: str = "",
+        margin: float = 0.0,
+        auto_promote: bool = False,
+    ) -> e.Task:
+        """Bind a new task to a registered suite; the task has the suite's kind."""
+
+    @abstractmethod
+    def add_model(
+        self,
+        name: str,
+        *,
+        path: Path | None = None,
+        package: str | None = None,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        runtime_kinds: list[str] | None = None,
+    ) -> e.BaseModel: ...
+
+    @abstractmethod
+    def set_model_runtimes(self, name: str, runtime_kinds: list[str]) -> e.BaseModel:
+        """Which runtimes may serve the model (a placement on one still needs its eval run)."""
+
+    @abstractmethod
+    def list_models(self) -> list[e.BaseModel]: ...
+
+    @abstractmethod
+    def register_adapter(
+        self,
+        name: str,
+        *,
+        base: str,
+        source_dir: Path,
+        training: e.TrainingRecord,
+        parent: str | None = None,
+    ) -> e.Adapter:
+        """Store the adapter folder content-addressed and record it with its lineage."""
+
+    @abstractmethod
+    def list_adapters(self, base: str | None = None) -> list[e.Adapter]: ...
+
+    @abstractmethod
+    def children(self, name: str) -> list[e.Adapter]: ...
+
+    @abstractmethod
+    def add_candidate(
+        self,
+        task: str,
+        *,
+        name: str | None = None,
+        base: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+    ) -> e.Candidate:
+        """Add a candidate; ``kind`` defaults to the task kind's model candidate."""
+
+    @abstractmethod
+    def list_candidates(self, task: str) -> list[e.Candidate]: ...
+
+    @abstractmethod
+    def audit_log(self, limit: int = 100) -> list[e.AuditEntry]: ...
+
+
+class EvalRunStore(ABC):
+    """Eval runs beyond recording and the leaderboard (``registry/evalruns.py``)."""
+
+    @abstractmethod
+    def get_eval_run(self, run_id: int) -> e.EvalRun: ...
+
+    @abstractmethod
+    def list_eval_runs(self, task: str, candidate: str | None = None) -> list[e.EvalRun]:
+        """Eval runs of a task (optionally one candidate), newest first."""
+
+    @abstractmethod
+    def latest_eval_run(
+        self, task: str, candidate: str, *, suite_fingerprint: str | None = None
+    ) -> e.EvalRun | None: ...
+
+    @abstractmethod
+    def ranking_run(self, task: str, candidate: str) -> e.EvalRun | None:
+        """The run the leaderboard and the promotion rule use for this candidate."""
+
+
+class PlacementStore(ABC):
+    """The current placements (``registry/placements.py``)."""
+
+    @abstractmethod
+    def current_placement(self, task: str) -> e.Placement | None: ...
+
+    @abstractmethod
+    def list_placements(self) -> list[e.Placement]:
+        """The newest placement of every task that has one."""
+
+
+class PromotionStore(ABC):
+    """Champions, the promotion rule, promotion, rollback and placement changes
+    (``registry/promotions.py``)."""
+
+    @abstractmethod
+    def champion(self, task: str) -> e.Candidate | None: ...
+
+    @abstractmethod
+    def list_promotions(self, task: str) -> list[e.Promotion]:
+        """The append-only promotion history of a task, newest first."""
+
+    @abstractmethod
+    def check_promotion(
+        self, task: str, candidate: str, runtime: str | None = None
+    ) -> e.PromotionCheck:
+        """Does the rule allow promoting this candidate (on ``runtime``) now? Never writes.
+
+        ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
+        """
+
+    @abstractmethod
+    def promote(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        reason: str = "",
+        override: bool = False,
+        expected_champion: str | None = UNSET,
+        pinned: bool | None = None,
+        replicas: int | None = None,
+        runtime: str | None = None,
+    ) -> e.Promotion:
+        """Make a candidate (on ``runtime``) champion: promotion record + new placement epoch,
+        atomically. ``runtime`` None: the runtime of its latest eval run.
+
+        `expected_champion` guards against stale forms: if the champion changed since the
+        caller looked, nothing happens and Conflict is raised. `pinned`/`replicas` set the new
+        epoch's placement (default: the previous epoch's; pinned and 1 for a first champion).
+        """
+
+    @abstractmethod
+    def rollback(
+        self, task: str, *, reason: str = "", expected_champion: str | None = UNSET
+    ) -> e.Promotion:
+        """Return the task to the champion before the current one."""
+
+    @abstractmethod
+    def update_placement(
+        self,
+        task: str,
+        *,
+        pinned: bool | None = None,
+        replicas: int | None = None,
+        candidate: str | None = None,
+        runtime: str | None = None,
+        reason: str = "",
+    ) -> e.Placement:
+        """Change how the champion is served (pinned, replicas): a new epoch + its history row.
+
+        What is served changes only by promote, override or rollback: naming a `candidate`
+        other than the champion, or a `runtime` other than the champion's (a runtime switch is
+        evaluated, then promoted), is refused (`PromotionRequired`). A placement that serves
+        another candidate than the champion (written before this rule) is put back on the
+        champion. Nothing to change: the current placement, no new epoch.
+        """
+
+    @abstractmethod
+    def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
+        """After a new eval run: promote as the system if the task opted in and the rule holds."""
+
+    @abstractmethod
+    def get_task_auto_promote(self, task: str) -> bool: ...
+
+
+class ApiKeyStore(ABC):
+    """API keys (``registry/keys.py``)."""
+
+    @abstractmethod
+    def create_api_key(
+        self,
+        name: str,
+        *,
+        roles: list[str],
+        tasks: list[str] | None = None,
+        rate_limit_per_s: float | None = None,
+        rate_burst: int | None = None,
+    ) -> tuple[e.ApiKey, str]:
+        """Create a key; the plain token is returned once and never stored."""
+
+    @abstractmethod
+    def authenticate(self, token: str) -> e.ApiKey: ...
+
+    @abstractmethod
+    def revoke_api_key(self, name: str) -> None: ...
+
+    @abstractmethod
+    def set_api_key_quota(
+        self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
+    ) -> e.ApiKey:
+        """Set (or with ``None`` remove) the gateway's request-rate limit of a key."""
+
+    @abstractmethod
+    def list_api_keys(self) -> list[e.ApiKey]: ...
+
+
+class SessionStore(ABC):
+    """Dashboard sessions (``registry/sessions.py``)."""
+
+    @abstractmethod
+    def start_session(self, key_name: str, *, max_age_s: int) -> str:
+        """A new session for the key; returns its token (stored only as a hash)."""
+
+    @abstractmethod
+    def session_key(self, token: str) -> e.ApiKey | None:
+        """The key of a live session (not ended, not expired, key not revoked), else None."""
+
+    @abstractmethod
+    def end_session(self, token: str) -> None:
+        """Log out: the session's cookie no longer signs anyone in. Unknown tokens: nothing."""
+
+
+class FleetStore(ABC):
+    """Workers as the registry last heard of them (``registry/fleet.py``)."""
+
+    @abstractmethod
+    def forget_workers(self, seen_before: datetime) -> list[str]:
+        """Delete unreachable workers not heard of since ``seen_before`` (retired machines)."""
+
+    @abstractmethod
+    def list_workers(self, *, reachable_only: bool = False) -> list[e.Worker]: ...
+
+    @abstractmethod
+    def placement_status(self) -> list[e.PlacementStatus]:
+        """Per placed task: the desired epoch and the epoch each reachable worker reports."""
+
+
+class AbstractStore(
+    ControlLoopStore,
+    EvalStore,
+    SuiteStore,
+    CatalogStore,
+    EvalRunStore,
+    PlacementStore,
+    PromotionStore,
+    ApiKeyStore,
+    SessionStore,
+    FleetStore,
+):
+    """The whole registry: what the CLI, the REST API and the dashboard use."""
+
+    @abstractmethod
+    def as_actor(
+        self, actor: str, roles: tuple[str, ...] | list[str] = ("admin",)
+    ) -> AbstractStore:
+        """The same store acting for someone else (REST/dashboard users)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the store's connections."""

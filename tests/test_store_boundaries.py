@@ -1,0 +1,229 @@
+"""The registry's boundaries, checked on the code itself (no database, no NATS).
+
+- One abstract store (``registry/store.py``) and one SQLAlchemy implementation of it
+  (``registry.Registry``, split by entity into mixins); every public method of the
+  implementation is declared by the interface.
+- No module imports another's private (``_name``) helpers: shared code has a public home.
+- Gateways and workers load nothing of the registry's database layer: not in the process the
+  ``taskfleet gateway``/``taskfleet worker`` commands start, and not anywhere in the import
+  graph of the gateway and runtime packages (lazy imports inside functions included).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("registry", "serving", "evals", "finetune", "taskfleet", "httpapi", "migrations")
+# What a role without a database may load of the registry: exceptions, plain entities, hashing
+# and rules, and the abstract store. Everything else is the database layer.
+DATABASE_FREE = {
+    "registry",
+    "registry.entities",
+    "registry.errors",
+    "registry.fingerprint",
+    "registry.kinds",
+    "registry.provenance",
+    "registry.runtimes",
+    "registry.stats",
+    "registry.store",
+}
+ENTITY_MODULES = (
+    "suites",
+    "catalog",
+    "evalruns",
+    "placements",
+    "promotions",
+    "keys",
+    "sessions",
+    "fleet",
+)
+
+
+def _sources(*roots: str) -> list[Path]:
+    return sorted(f for root in roots for f in (REPO / root).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names, line) for every import in the file, at any depth (lazy ones too)."""
+    found: list[tuple[str, list[str], int]] = []
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
+    for node in _walk_run_time(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((a.name, [], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative import
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            names = [a.name for a in node.names]
+            found.append((module, names, node.lineno))
+            found.extend((LAZY[module, n], [], node.lineno) for n in names if (module, n) in LAZY)
+    return found
+
+
+# Names a package loads on first use (module ``__getattr__``), and the module each loads.
+LAZY = {("registry", "Registry"): "registry.service"}
+
+
+def _walk_run_time(tree: ast.AST) -> list[ast.AST]:
+    """Every node that can run: not under ``if TYPE_CHECKING:`` and not in a module
+    ``__getattr__`` (its imports are counted where the name is imported, see LAZY)."""
+    nodes: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            continue
+        nodes.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def test_the_registry_is_one_implementation_of_the_abstract_store() -> None:
+    from registry import Registry
+    from registry import store as s
+
+    assert issubclass(Registry, s.AbstractStore)
+    assert not Registry.__abstractmethods__, "the implementation leaves methods abstract"
+    for view in (s.PublisherStore, s.ControlLoopStore, s.EvalStore):
+        assert issubclass(s.AbstractStore, view)
+    declared = set(s.AbstractStore.__abstractmethods__)
+    for name in ENTITY_MODULES:
+        module = __import__(f"registry.{name}", fromlist=["_"])
+        mixins = [
+            c
+            for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == module.__name__ and c.__name__.endswith("Mixin")
+        ]
+        assert len(mixins) == 1, f"registry/{name}.py should hold one entity store"
+        public = {n for n in vars(mixins[0]) if not n.startswith("_")}
+        # Constants of the mixin are fine; every public method must be in the interface.
+        methods = {n for n in public if inspect.isfunction(vars(mixins[0])[n])}
+        assert methods <= declared, f"{name}: not in AbstractStore: {sorted(methods - declared)}"
+        assert issubclass(Registry, mixins[0])
+
+
+def test_the_narrow_views_are_what_their_callers_use() -> None:
+    """The publisher and the fleet watcher call only what their view declares."""
+    from registry import store as s
+
+    callers = {
+        "serving/placements.py": s.PublisherStore,
+        "serving/directory.py": s.PublisherStore,
+        "serving/fleet.py": s.WorkerReportSink,
+        "evals/runner.py": s.EvalStore,
+    }
+    for rel, view in callers.items():
+        tree = ast.parse((REPO / rel).read_text())
+        called = {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name | ast.Attribute)
+            and (getattr(node.value, "id", None) in ("registry", "reg"))
+            or (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "registry"
+            )
+        }
+        assert called, f"{rel}: found no calls on the registry (did the name change?)"
+        assert called <= set(view.__abstractmethods__), f"{rel}: {sorted(called)}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offences = []
+    own = set(PACKAGES)
+    for path in _sources(*PACKAGES, "benchmarks"):
+        for module, names, line in _imports(path):
+            if module.split(".")[0] not in own:
+                continue
+            private_module = any(p.startswith("_") and p != "__init__" for p in module.split("."))
+            private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private_module or private_names:
+                offences.append(f"{path.relative_to(REPO)}:{line} {module} {private_names}")
+    assert not offences, "\n".join(offences)
+
+
+def _import_closure(start: list[str]) -> set[str]:
+    """Every project module reachable from ``start`` through imports at any depth."""
+    files = {_module_name(p): p for p in _sources(*PACKAGES)}
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in files:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages
+        for module, names, _ in _imports(files[name]):
+            todo.append(module)
+            todo.extend(f"{module}.{n}" for n in names)  # `from pkg import submodule`
+    return seen
+
+
+@pytest.mark.parametrize("package", ["serving/gateway", "serving/runtime"])
+def test_gateway_and_runtime_reach_no_database_layer_in_the_import_graph(package: str) -> None:
+    start = [_module_name(p) for p in _sources(package)]
+    reached = _import_closure(start)
+    registry_modules = {m for m in reached if m.split(".")[0] == "registry"}
+    assert registry_modules <= DATABASE_FREE, sorted(registry_modules - DATABASE_FREE)
+
+
+def _lazy_imports_of(command: str) -> list[str]:
+    """The modules a CLI command function imports in its body."""
+    for path in _sources("taskfleet"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == command:
+                return [
+                    n.module
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.ImportFrom) and n.module is not None
+                ]
+    raise AssertionError(f"no CLI command {command!r}")
+
+
+def test_the_gateway_and_worker_commands_load_no_database_layer() -> None:
+    """What `taskfleet gateway` and `taskfleet worker` load before they run: the CLI itself,
+    what the two commands import, and the runtime server a worker's sidecar starts."""
+    modules = ["taskfleet.cli", "serving.runtime.server"]
+    modules += _lazy_imports_of("gateway") + _lazy_imports_of("worker")
+    assert "serving.gateway" in modules and "taskfleet.stack" in modules
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('registry', 'sqlalchemy', 'alembic'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert not {m for m in loaded if not m.startswith("registry")}, "SQLAlchemy/Alembic loaded"
+    assert loaded <= DATABASE_FREE, sorted(loaded - DATABASE_FREE)
+
+
+def test_the_check_sees_the_database_layer() -> None:
+    """The closure walk is not blind: from the CLI it does reach the SQLAlchemy modules."""
+    reached = _import_closure(["taskfleet.cli_registry"])
+    assert {"registry.service", "registry.models", "registry.db"} <= reached
