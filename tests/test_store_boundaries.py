@@ -136,9 +136,11 @@ def test_the_narrow_views_are_what_their_callers_use() -> None:
         called = {
             node.attr
             for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name | ast.Attribute)
-            and (getattr(node.value, "id", None) in ("registry", "reg"))
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name | ast.Attribute)
+                and (getattr(node.value, "id", None) in ("registry", "reg"))
+            )
             or (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Attribute)
