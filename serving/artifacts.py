@@ -1,7 +1,10 @@
-"""Artifacts by content: the control plane uploads base models and adapters into the NATS
-object store ``artifacts`` before it publishes a placement that names them; workers fetch what
-their cache lacks (``sidecar/src/artifacts.rs``) and load only what hashes to the placement's
-digest.
+"""Artifacts by content: the control plane uploads base models and adapters into the artifact
+source before it publishes a placement that names them; workers fetch what their cache lacks
+(``sidecar/src/artifacts.rs``) and load only what hashes to the placement's digest.
+
+Sources (``ArtifactBucket``): the NATS object store ``artifacts`` (default, ``NatsBucket``) or an
+S3-compatible bucket URL ``s3://bucket/prefix`` (``serving/artifacts_s3.py``); both hold the same
+objects, under the prefix in S3.
 
 Layout of the bucket (format ``tree-v1``, docs/protocol.md): object ``file.<sha256>`` holds one
 file's bytes (shared by every artifact with that file: adapters of one base share nothing big,
@@ -16,6 +19,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
@@ -58,12 +62,40 @@ def build_manifest(root: Path, expected_sha256: str) -> p.ArtifactManifest:
     return p.ArtifactManifest(sha256=digest.sha256, size=digest.size_bytes, files=entries)
 
 
-async def _exists(store: ObjectStore, name: str) -> bool:
-    try:
-        info = await store.get_info(name)
-    except NotFoundError:
-        return False
-    return not info.deleted
+class ArtifactBucket(Protocol):
+    """Where artifacts are uploaded to and fetched from (workers read the same objects)."""
+
+    def describe(self) -> str: ...
+
+    async def exists(self, name: str) -> bool: ...
+
+    async def put_file(self, name: str, path: Path) -> None: ...
+
+    async def put_bytes(self, name: str, data: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class NatsBucket:
+    """The NATS object store ``artifacts``: nothing else to run."""
+
+    store: ObjectStore
+
+    def describe(self) -> str:
+        return "NATS object store artifacts"
+
+    async def exists(self, name: str) -> bool:
+        try:
+            info = await self.store.get_info(name)
+        except NotFoundError:
+            return False
+        return not info.deleted
+
+    async def put_file(self, name: str, path: Path) -> None:
+        with path.open("rb") as fh:
+            await self.store.put(name, fh)
+
+    async def put_bytes(self, name: str, data: bytes) -> None:
+        await self.store.put(name, data)
 
 
 @dataclass
@@ -72,22 +104,28 @@ class Uploaded:
     bytes_sent: int
 
 
-async def upload(store: ObjectStore, root: Path, sha256: str) -> Uploaded:
+async def upload(bucket: ArtifactBucket | ObjectStore, root: Path, sha256: str) -> Uploaded:
     """Put the folder ``root`` (registered with digest ``sha256``) into the bucket, unless its
     manifest is already there (a look-up of its info only: nothing is read); files the bucket
     already holds are not sent again."""
-    if await _exists(store, manifest_object(sha256)):
+    store = NatsBucket(bucket) if isinstance(bucket, ObjectStore) else bucket
+    if await store.exists(manifest_object(sha256)):
         return Uploaded(0, 0)
     manifest = await asyncio.to_thread(build_manifest, root, sha256)
     sent = sent_bytes = 0
     for entry in manifest.files:
         name = file_object(entry.sha256)
-        if await _exists(store, name):
+        if await store.exists(name):
             continue
-        with (root / entry.path).open("rb") as fh:
-            await store.put(name, fh)
+        await store.put_file(name, root / entry.path)
         sent += 1
         sent_bytes += entry.size
-    await store.put(manifest_object(sha256), p.pack(manifest))
-    log.info("uploaded artifact %s: %d files, %d bytes sent", sha256[:12], sent, sent_bytes)
+    await store.put_bytes(manifest_object(sha256), p.pack(manifest))
+    log.info(
+        "uploaded artifact %s to %s: %d files, %d bytes sent",
+        sha256[:12],
+        store.describe(),
+        sent,
+        sent_bytes,
+    )
     return Uploaded(sent, sent_bytes)

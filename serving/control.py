@@ -61,9 +61,11 @@ class ControlLoops:
         standby_retry_s: float = 1.0,
         ttl_s: float = LEADER_TTL_S,
         announce: Callable[[str], None] | None = None,
+        artifact_source: str | None = None,
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
+        self.artifact_source = artifact_source  # None: the NATS object store
         self.nats = nats_options(nats_url)  # printed without passwords
         self.holder = holder or new_holder_id()
         self.poll_interval_s = poll_interval_s
@@ -154,7 +156,12 @@ class ControlLoops:
     def loops(self) -> list[_Loop]:
         """The loops a leader runs; fresh ones every term."""
         return [
-            PlacementPublisher(self.registry, self.nats_url, poll_interval_s=self.poll_interval_s),
+            PlacementPublisher(
+                self.registry,
+                self.nats_url,
+                poll_interval_s=self.poll_interval_s,
+                artifact_source=self.artifact_source,
+            ),
             FleetWatcher(
                 self.registry,
                 self.nats_url,

@@ -27,7 +27,8 @@ from registry import RegistryError
 from registry import entities as e
 from registry.store import CatalogReader, PublisherStore
 from serving import protocol as p
-from serving.artifacts import ArtifactMismatch, upload
+from serving.artifacts import ArtifactBucket, ArtifactMismatch, upload
+from serving.artifacts_s3 import bucket_for
 from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout
@@ -121,7 +122,7 @@ def placement_value(
     return value, folders
 
 
-async def upload_artifacts(store: ObjectStore, folders: Folders) -> None:
+async def upload_artifacts(store: ArtifactBucket | ObjectStore, folders: Folders) -> None:
     """Every artifact of a placement into the object store, before the placement is published:
     a worker that reads the placement finds what it names."""
     for folder, sha256 in filter(None, (folders.base, folders.adapter)):
@@ -172,7 +173,7 @@ class PublishResult:
 
 
 async def publish_pending(
-    registry: PublisherStore, kv: KeyValue, artifacts: ObjectStore
+    registry: PublisherStore, kv: KeyValue, artifacts: ArtifactBucket | ObjectStore
 ) -> PublishResult:
     """One pass over the outbox: upload each placement's artifacts, then publish it. NATS
     errors propagate (the caller backs off and retries); a placement that can never be
@@ -193,12 +194,17 @@ async def publish_pending(
 
 
 async def publish_everything(
-    registry: PublisherStore, js: JetStreamContext, *, prune: bool = True
+    registry: PublisherStore,
+    js: JetStreamContext,
+    *,
+    prune: bool = True,
+    artifact_source: str | None = None,
 ) -> PublishResult:
     """One full pass of what a leading control plane publishes: the placement outbox and the
     whole directory (read back from NATS and corrected; see ``publish_directory``)."""
     layout = await ensure_layout(js)
-    result = await publish_pending(registry, layout.placements, layout.artifacts)
+    bucket = bucket_for(artifact_source, layout.artifacts)
+    result = await publish_pending(registry, layout.placements, bucket)
     desired = await asyncio.to_thread(desired_entries, registry)
     await publish_directory(js, layout.directory, desired, None, prune=prune)
     return result
@@ -216,8 +222,11 @@ class PlacementPublisher:
         poll_interval_s: float = 0.5,
         max_backoff_s: float = 15.0,
         directory: bool = True,
+        artifact_source: str | None = None,
     ) -> None:
         self.registry = registry
+        # None: the NATS object store `artifacts`; else an s3://bucket/prefix URL.
+        self.artifact_source = artifact_source
         self.nats_url = nats_url
         # Also keep KV `directory` (tasks, API-key digests) equal to the registry's.
         self.directory = directory
@@ -243,13 +252,10 @@ class PlacementPublisher:
                 try:
                     js = nc.jetstream()
                     layout = await ensure_layout(js)
+                    bucket = bucket_for(self.artifact_source, layout.artifacts)
                     known: dict[str, bytes] | None = None  # read afresh after every failure
                     while not self._stop.is_set():
-                        self._log(
-                            await publish_pending(
-                                self.registry, layout.placements, layout.artifacts
-                            )
-                        )
+                        self._log(await publish_pending(self.registry, layout.placements, bucket))
                         if self.directory:
                             desired = await asyncio.to_thread(desired_entries, self.registry)
                             known = await publish_directory(js, layout.directory, desired, known)

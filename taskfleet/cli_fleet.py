@@ -60,6 +60,17 @@ def nats_url_or_none() -> str | None:
         return None
 
 
+def artifact_source(given: str | None = None) -> str | None:
+    """The artifact source (``given``, else TASKFLEET_ARTIFACT_SOURCE): None for the NATS
+    object store, else an s3:// URL whose credentials are in the environment."""
+    from serving.artifacts_s3 import ArtifactSourceError, check_source
+
+    try:
+        return check_source(given or get_settings().artifact_source)
+    except ArtifactSourceError as exc:
+        raise _fail(str(exc)) from None
+
+
 def nats_target_or_none() -> NatsOptions | None:
     """:func:`nats_url_or_none` with the NATS credentials and TLS settings."""
     return get_settings().nats_options(nats_url_or_none())
@@ -104,6 +115,7 @@ def placement_set(
     reason: str = typer.Option("", "--reason", help="Why (recorded in the promotion history)."),
 ) -> None:
     """Change how the champion of TASK is served (a new epoch), then publish it if NATS is up."""
+    from serving.artifacts_s3 import bucket_for
     from serving.nats_layout import ensure_layout
     from serving.placements import (
         PlacementError,
@@ -112,6 +124,7 @@ def placement_set(
         upload_artifacts,
     )
 
+    source = artifact_source()
     reg = open_registry()
     placement = reg.update_placement(
         task, pinned=pinned, replicas=replicas, candidate=candidate, reason=reason
@@ -131,7 +144,7 @@ def placement_set(
 
     async def publish(nc: NATS) -> None:
         layout = await ensure_layout(nc.jetstream())
-        await upload_artifacts(layout.artifacts, folders)
+        await upload_artifacts(bucket_for(source, layout.artifacts), folders)
         await put_placement(layout.placements, value)
 
     try:
@@ -282,6 +295,13 @@ def worker(
     http_url: str | None = typer.Option(None, "--http-url", help="http runtime: engine URL."),
     http_model: str | None = typer.Option(None, "--http-model", help="http runtime: model id."),
     sidecar_bin: Path | None = typer.Option(None, help="taskfleet-sidecar binary to use."),
+    source: str | None = typer.Option(
+        None,
+        "--artifact-source",
+        envvar="TASKFLEET_ARTIFACT_SOURCE",
+        help="Where models and adapters come from: empty for the NATS object store, or the "
+        "control plane's s3://bucket/prefix (AWS_* variables: credentials, AWS_ENDPOINT_URL).",
+    ),
 ) -> None:
     """Run one worker: the sidecar and its runtime. Needs NATS and a cache dir, no database.
 
@@ -312,6 +332,9 @@ def worker(
     command = [str(binary), *nats.sidecar_args(), *flags]
     command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
     command += ["--artifact-cache", str(cache_dir / "artifacts")]
+    source = artifact_source(source)
+    if source:
+        command += ["--artifact-source", source]
     if worker_id:
         command += ["--worker-id", worker_id]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **nats.sidecar_env()}
@@ -384,6 +407,7 @@ def up(
         http_url=http_url,
         http_model=http_model,
         data_dir=settings.data_dir,
+        artifact_source=artifact_source(),
     )
     state = stack_file()
 

@@ -55,7 +55,7 @@ def serve(
     """
     from registry.api import create_app
     from serving.control import ControlLoops
-    from taskfleet.cli_fleet import nats_url_or_none
+    from taskfleet.cli_fleet import artifact_source, nats_url_or_none
     from taskfleet.stack import QuietServer
     from taskfleet.suites import rest_suite_reader
 
@@ -66,7 +66,7 @@ def serve(
     if publish:
         url = settings.nats_options(nats_url or nats_url_or_none() or DEFAULT_NATS_URL)
         assert url is not None
-        loops = ControlLoops(registry, url, announce=_say)
+        loops = ControlLoops(registry, url, announce=_say, artifact_source=artifact_source())
     app = create_app(
         registry,
         require_auth=auth,

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     data_dir: Path | None = Field(
         default=None, description="Root of the eval suites' data; default: ../shared/data."
     )
+    artifact_source: str | None = Field(
+        default=None,
+        description="Where the control plane uploads models and adapters and workers fetch "
+        "them: empty for the NATS object store `artifacts`, or an S3-compatible bucket "
+        "s3://bucket/prefix (credentials and endpoint from the standard AWS_* variables).",
+    )
     session_secret: str | None = Field(
         default=None,
         description="Signs dashboard session cookies; default: a secret kept under home.",

@@ -150,6 +150,7 @@ class SidecarProcess:
     # Where fetched models and adapters are kept by sha256; default <run_dir>/artifacts (shared
     # by the workers of one `up`: a fetch lands there by an atomic rename).
     artifact_cache: Path | None = None
+    artifact_source: str | None = None  # None: the NATS object store; else s3://bucket/prefix
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -180,6 +181,7 @@ class SidecarProcess:
             "--memory-budget-bytes", str(self.memory_budget_bytes),
             "--artifact-cache", str(self.artifact_cache or self.run_dir / "artifacts"),
             *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
+            *(["--artifact-source", self.artifact_source] if self.artifact_source else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -276,6 +278,7 @@ class StackConfig:
     http_url: str | None = None
     http_model: str | None = None
     data_dir: Path | None = None  # root of the built-in suites' data (TASKFLEET_DATA_DIR)
+    artifact_source: str | None = None  # None: the NATS object store; else s3://bucket/prefix
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -361,7 +364,7 @@ async def run_stack(
 
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
-        control_loops = ControlLoops(registry, nats_url)
+        control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
         from taskfleet.suites import rest_suite_reader
 
         control = create_app(
@@ -402,6 +405,7 @@ async def run_stack(
                     )
                     if kind != "torch"
                     else [],
+                    artifact_source=config.artifact_source,
                 )
                 sidecar.start()
                 sidecars.append(sidecar)

@@ -141,17 +141,20 @@ class LocalFleet:
         nats_nodes: int = 1,
         separate_caches: bool = False,
         gateways: int = 1,
+        artifact_source: str | None = None,
     ) -> None:
         """``runtimes``: the runtime of each worker (default: all torch). ``separate_caches``:
         each worker its own artifact cache (``cache<i>``), as on separate machines; else one
         shared cache, as `taskfleet up` has. ``gateways``: how many gateways (each its own
-        uvicorn thread and NATS connection; ``gateway_urls``; ``gateway_url`` is the first)."""
+        uvicorn thread and NATS connection; ``gateway_urls``; ``gateway_url`` is the first).
+        ``artifact_source``: an s3://bucket/prefix instead of the NATS object store."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
         self.nats_nodes = nats_nodes
         self.memory_budget_bytes = memory_budget_bytes
         self.separate_caches = separate_caches
+        self.artifact_source = artifact_source
         self.n_gateways = gateways
         self.gateway_urls: list[str] = []
         self._gateway_servers: list[uvicorn.Server] = []
@@ -215,6 +218,7 @@ class LocalFleet:
                 runtime=runtime,
                 runtime_flags=runtime_args(runtime) if runtime != "torch" else [],
                 artifact_cache=self.root / f"cache{i}" if self.separate_caches else None,
+                artifact_source=self.artifact_source,
             )
             sidecar.start()
             self.sidecars.append(sidecar)
@@ -226,7 +230,12 @@ class LocalFleet:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._loops = [
-            PlacementPublisher(self.registry, self.nats.url, poll_interval_s=0.1),
+            PlacementPublisher(
+                self.registry,
+                self.nats.url,
+                poll_interval_s=0.1,
+                artifact_source=self.artifact_source,
+            ),
             FleetWatcher(self.registry, self.nats.url, flush_interval_s=0.2, stale_after_s=3.0),
         ]
 

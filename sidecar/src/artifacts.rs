@@ -1,15 +1,21 @@
 //! The worker's content-addressed artifact cache (`<cache>/sha256/<digest>/`): a placement
 //! names its base model and adapter by sha256 (docs/protocol.md); what the cache lacks is
-//! fetched from the object store `artifacts` (format `tree-v1`: manifest `tree.<sha256>`, one
-//! object `file.<sha256>` per file), every file hashed while it is written to a staging folder,
+//! fetched from the artifact source (format `tree-v1`: manifest `tree.<sha256>`, one object
+//! `file.<sha256>` per file) — the NATS object store `artifacts` by default, or an
+//! S3-compatible bucket (`--artifact-source s3://bucket/prefix`, see `s3.rs`) — every file hashed while it is written to a staging folder,
 //! the folder's digest checked against the placement's, and only then renamed into place. A
 //! folder found in the cache (another worker on this machine, an earlier run) is hashed once per
 //! process before its first load. A mismatch is a `LOAD_FAILED` naming both digests: nothing
 //! that does not hash to the placement's digest is ever loaded.
+//!
+//! With a size limit (`--artifact-cache-max-bytes`), each fetch is followed by eviction: the
+//! least recently used folders that no current placement of this worker names are removed
+//! until the cache fits (what current placements need is never removed, even over the limit).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
+use std::time::SystemTime;
 
 use async_nats::jetstream::{self, object_store};
 use ring::digest::{Context, SHA256};
@@ -19,6 +25,7 @@ use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
 use crate::protocol::{self, ArtifactRef, ErrorBody};
+use crate::s3::S3Source;
 
 pub const ARTIFACTS_BUCKET: &str = "artifacts";
 pub const FORMAT: &str = "tree-v1";
@@ -41,14 +48,56 @@ struct Manifest {
     files: Vec<ManifestFile>,
 }
 
+/// Where artifacts are fetched from.
+pub enum Source {
+    /// The NATS object store `artifacts` (nothing else to run).
+    Nats(jetstream::Context),
+    /// An S3-compatible bucket, read with signed GETs.
+    S3(S3Source, reqwest::Client),
+}
+
+impl Source {
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Nats(_) => format!("object store {ARTIFACTS_BUCKET}"),
+            Source::S3(s3, _) => s3.describe(),
+        }
+    }
+}
+
+/// One object being read, from whichever source.
+enum Body {
+    Nats(Box<object_store::Object>),
+    S3(reqwest::Response),
+}
+
+impl Body {
+    /// The next bytes of the object into `buf` (NATS) or as a chunk (S3); None at the end.
+    async fn next(&mut self, buf: &mut [u8]) -> std::io::Result<Option<bytes::Bytes>> {
+        match self {
+            Body::Nats(object) => {
+                let n = object.read(buf).await?;
+                Ok((n > 0).then(|| bytes::Bytes::copy_from_slice(&buf[..n])))
+            }
+            Body::S3(response) => response.chunk().await.map_err(std::io::Error::other),
+        }
+    }
+}
+
 pub struct ArtifactCache {
     dir: PathBuf,
-    js: jetstream::Context,
+    source: Source,
     store: OnceCell<object_store::ObjectStore>,
     /// Digests whose folder this process has hashed (or fetched and hashed).
     verified: Mutex<HashSet<String>>,
     /// One fetch or check at a time: two placements naming one base fetch it once.
     busy: tokio::sync::Mutex<()>,
+    /// Most bytes the cache may hold (0: no limit).
+    max_bytes: u64,
+    /// Digests the current placements of this worker name: never evicted.
+    in_use: Mutex<HashSet<String>>,
+    /// When this process last used each digest (folders it has not used: their mtime).
+    last_used: Mutex<HashMap<String, SystemTime>>,
 }
 
 fn load_failed(message: String, retryable: bool) -> Error {
@@ -106,6 +155,21 @@ pub fn folder_digest(root: &Path) -> std::io::Result<String> {
     Ok(tree_digest(files))
 }
 
+/// Bytes of the files under `root` (0 when unreadable).
+fn tree_size(root: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 fn file_sha256(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
@@ -130,14 +194,95 @@ fn safe_relative(path: &str) -> Option<PathBuf> {
 }
 
 impl ArtifactCache {
-    pub fn new(dir: PathBuf, js: jetstream::Context) -> Self {
+    pub fn new(dir: PathBuf, source: Source) -> Self {
         Self {
             dir,
-            js,
+            source,
             store: OnceCell::new(),
             verified: Mutex::default(),
             busy: tokio::sync::Mutex::new(()),
+            max_bytes: 0,
+            in_use: Mutex::default(),
+            last_used: Mutex::default(),
         }
+    }
+
+    /// The same cache holding at most `max_bytes` (0: no limit).
+    pub fn with_limit(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The digests the current placements name (replacing the previous set): kept in the
+    /// cache whatever its limit.
+    pub fn set_in_use(&self, digests: HashSet<String>) {
+        *self.in_use.lock().expect("in_use lock") = digests;
+    }
+
+    fn touch(&self, digest: &str) {
+        self.last_used
+            .lock()
+            .expect("last_used lock")
+            .insert(digest.into(), SystemTime::now());
+    }
+
+    /// Removes least recently used folders no current placement names until the cache holds
+    /// at most `max_bytes` (`keep`: the digest just fetched). Returns the digests removed.
+    pub fn evict(&self, keep: &str) -> Vec<String> {
+        if self.max_bytes == 0 {
+            return Vec::new();
+        }
+        let root = self.dir.join("sha256");
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return Vec::new();
+        };
+        let in_use = self.in_use.lock().expect("in_use lock").clone();
+        let last_used = self.last_used.lock().expect("last_used lock").clone();
+        let mut folders: Vec<(SystemTime, String, u64)> = Vec::new();
+        let mut total = 0u64;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !valid_digest(&name) {
+                continue;
+            }
+            let size = tree_size(&entry.path());
+            total += size;
+            let used = last_used.get(&name).copied().unwrap_or_else(|| {
+                entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH)
+            });
+            folders.push((used, name, size));
+        }
+        folders.sort();
+        let mut removed = Vec::new();
+        for (_, name, size) in folders {
+            if total <= self.max_bytes {
+                break;
+            }
+            if name == keep || in_use.contains(&name) {
+                continue;
+            }
+            match std::fs::remove_dir_all(root.join(&name)) {
+                Ok(()) => {
+                    total -= size;
+                    self.verified.lock().expect("verified lock").remove(&name);
+                    self.last_used.lock().expect("last_used lock").remove(&name);
+                    tracing::info!(sha256 = %name, bytes = size, "evicted artifact from the cache");
+                    removed.push(name);
+                }
+                Err(e) => tracing::warn!(sha256 = %name, error = %e, "cannot evict artifact"),
+            }
+        }
+        if total > self.max_bytes {
+            tracing::warn!(
+                bytes = total,
+                limit = self.max_bytes,
+                "artifact cache over its limit: the rest is named by current placements"
+            );
+        }
+        removed
     }
 
     pub fn dir(&self) -> &Path {
@@ -149,18 +294,52 @@ impl ArtifactCache {
         self.dir.join("sha256").join(digest)
     }
 
-    async fn store(&self) -> Result<object_store::ObjectStore> {
+    async fn nats_store(&self, js: &jetstream::Context) -> Result<object_store::ObjectStore> {
         self.store
             .get_or_try_init(|| async {
-                self.js
-                    .get_object_store(ARTIFACTS_BUCKET)
-                    .await
-                    .map_err(|e| {
-                        load_failed(format!("no object store {ARTIFACTS_BUCKET}: {e}"), true)
-                    })
+                js.get_object_store(ARTIFACTS_BUCKET).await.map_err(|e| {
+                    load_failed(format!("no object store {ARTIFACTS_BUCKET}: {e}"), true)
+                })
             })
             .await
             .cloned()
+    }
+
+    /// One object of the source; `Ok(None)` when the source does not hold it.
+    async fn open(&self, name: &str) -> Result<Option<Body>> {
+        match &self.source {
+            Source::Nats(js) => match self.nats_store(js).await?.get(name).await {
+                Ok(object) => Ok(Some(Body::Nats(Box::new(object)))),
+                Err(e) if e.kind() == object_store::GetErrorKind::NotFound => Ok(None),
+                Err(e) => Err(load_failed(
+                    format!("reading {name} from {}: {e}", self.source.describe()),
+                    true,
+                )),
+            },
+            Source::S3(s3, client) => {
+                let response = s3.get(client, name).send().await.map_err(|e| {
+                    load_failed(format!("reading {name} from {}: {e}", s3.describe()), true)
+                })?;
+                let status = response.status();
+                if status == reqwest::StatusCode::NOT_FOUND {
+                    return Ok(None);
+                }
+                if !status.is_success() {
+                    let body = response.text().await.unwrap_or_default();
+                    let body: String = body.chars().take(300).collect();
+                    // 403 and the like are configuration (credentials, policy): retried, since an
+                    // operator may fix them while the placement stands.
+                    return Err(load_failed(
+                        format!(
+                            "reading {name} from {}: HTTP {status}: {body}",
+                            s3.describe()
+                        ),
+                        true,
+                    ));
+                }
+                Ok(Some(Body::S3(response)))
+            }
+        }
     }
 
     /// The artifact's folder in the cache, fetched and verified when missing; an error when
@@ -191,6 +370,7 @@ impl ArtifactCache {
             .contains(digest)
             && path.is_dir()
         {
+            self.touch(digest);
             return Ok(path);
         }
         if path.is_dir() {
@@ -206,6 +386,7 @@ impl ArtifactCache {
                     .lock()
                     .expect("verified lock")
                     .insert(digest.into());
+                self.touch(digest);
                 return Ok(path);
             }
             tracing::error!(
@@ -219,24 +400,32 @@ impl ArtifactCache {
             .lock()
             .expect("verified lock")
             .insert(digest.into());
+        self.touch(digest);
+        self.evict(digest);
         Ok(path)
     }
 
     async fn fetch(&self, artifact: &ArtifactRef, dest: &Path) -> Result<()> {
         let digest = artifact.sha256.as_str();
-        let store = self.store().await?;
         let manifest_name = format!("tree.{digest}");
-        let mut object = store.get(&manifest_name).await.map_err(|e| {
-            load_failed(
-                format!("artifact {digest} is not in object store {ARTIFACTS_BUCKET} ({e}); the control plane uploads it before publishing"),
+        let Some(mut object) = self.open(&manifest_name).await? else {
+            return Err(load_failed(
+                format!(
+                    "artifact {digest} is not in {}; the control plane uploads it before publishing",
+                    self.source.describe()
+                ),
                 true,
-            )
-        })?;
+            ));
+        };
         let mut bytes = Vec::new();
-        object
-            .read_to_end(&mut bytes)
+        let mut buf = vec![0u8; 1 << 16];
+        while let Some(chunk) = object
+            .next(&mut buf)
             .await
-            .map_err(|e| load_failed(format!("reading manifest of {digest}: {e}"), true))?;
+            .map_err(|e| load_failed(format!("reading manifest of {digest}: {e}"), true))?
+        {
+            bytes.extend_from_slice(&chunk);
+        }
         let manifest: Manifest = protocol::decode(&bytes)
             .map_err(|e| load_failed(format!("manifest of {digest} unreadable: {e}"), false))?;
         if manifest.format != FORMAT || manifest.sha256 != digest {
@@ -255,7 +444,7 @@ impl ArtifactCache {
             crate::worker::now_ms()
         ));
         tokio::fs::create_dir_all(&staging).await?;
-        let written = self.write_files(&store, &manifest, &staging).await;
+        let written = self.write_files(&manifest, &staging).await;
         let result = written.and_then(|pairs| {
             let found = tree_digest(pairs);
             if found == digest {
@@ -294,7 +483,6 @@ impl ArtifactCache {
     /// (path, sha256) pairs actually written.
     async fn write_files(
         &self,
-        store: &object_store::ObjectStore,
         manifest: &Manifest,
         staging: &Path,
     ) -> Result<Vec<(String, String)>> {
@@ -311,32 +499,28 @@ impl ArtifactCache {
             if let Some(parent) = target.parent() {
                 tokio::fs::create_dir_all(parent).await?;
             }
-            let mut object = store
-                .get(format!("file.{}", file.sha256))
-                .await
-                .map_err(|e| {
-                    load_failed(
-                        format!(
-                            "file {} ({}) missing from {ARTIFACTS_BUCKET}: {e}",
-                            file.path, file.sha256
-                        ),
-                        true,
-                    )
-                })?;
+            let Some(mut object) = self.open(&format!("file.{}", file.sha256)).await? else {
+                return Err(load_failed(
+                    format!(
+                        "file {} ({}) missing from {}",
+                        file.path,
+                        file.sha256,
+                        self.source.describe()
+                    ),
+                    true,
+                ));
+            };
             let mut out = tokio::fs::File::create(&target).await?;
             let mut ctx = Context::new(&SHA256);
             let mut size = 0u64;
-            loop {
-                let n = object
-                    .read(&mut buf)
-                    .await
-                    .map_err(|e| load_failed(format!("reading {}: {e}", file.path), true))?;
-                if n == 0 {
-                    break;
-                }
-                ctx.update(&buf[..n]);
-                out.write_all(&buf[..n]).await?;
-                size += n as u64;
+            while let Some(chunk) = object
+                .next(&mut buf)
+                .await
+                .map_err(|e| load_failed(format!("reading {}: {e}", file.path), true))?
+            {
+                ctx.update(&chunk);
+                out.write_all(&chunk).await?;
+                size += chunk.len() as u64;
             }
             out.flush().await?;
             let sha = hex(ctx.finish().as_ref());
@@ -358,6 +542,65 @@ impl ArtifactCache {
 #[cfg(test)]
 mod tests {
     use super::{folder_digest, safe_relative, tree_digest, valid_digest};
+    use super::{ArtifactCache, Source};
+    use crate::s3::{Credentials, S3Source};
+    use std::collections::HashSet;
+
+    fn cache_with(dir: &std::path::Path, limit: u64) -> ArtifactCache {
+        let s3 = S3Source::new(
+            "s3://unused-bucket",
+            "us-east-1".into(),
+            None,
+            Credentials {
+                access_key_id: "x".into(),
+                secret_access_key: "y".into(),
+                session_token: None,
+            },
+        )
+        .unwrap();
+        ArtifactCache::new(dir.into(), Source::S3(s3, reqwest::Client::new())).with_limit(limit)
+    }
+
+    fn folder(cache: &ArtifactCache, digit: char, bytes: usize) -> String {
+        let digest: String = std::iter::repeat_n(digit, 64).collect();
+        let path = cache.path(&digest).join("sub");
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("weights"), vec![0u8; bytes]).unwrap();
+        cache.touch(&digest);
+        std::thread::sleep(std::time::Duration::from_millis(5)); // distinct use times
+        digest
+    }
+
+    #[test]
+    fn eviction_removes_least_recently_used_unneeded_folders_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache_with(dir.path(), 250);
+        let (a, b, c) = (
+            folder(&cache, 'a', 100),
+            folder(&cache, 'b', 100),
+            folder(&cache, 'c', 100),
+        );
+        cache.touch(&a); // a used again: b is now the least recently used
+        assert_eq!(cache.evict(&c), vec![b.clone()]);
+        assert!(cache.path(&a).is_dir() && cache.path(&c).is_dir() && !cache.path(&b).exists());
+        assert!(cache.evict(&c).is_empty(), "200 bytes fit in 250");
+    }
+
+    #[test]
+    fn what_current_placements_name_is_kept_even_over_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache_with(dir.path(), 150);
+        let (a, b, c) = (
+            folder(&cache, 'a', 100),
+            folder(&cache, 'b', 100),
+            folder(&cache, 'c', 100),
+        );
+        cache.set_in_use(HashSet::from([a.clone()]));
+        assert_eq!(cache.evict(&c), vec![b.clone()]); // a in use, c just fetched
+        assert!(cache.path(&a).is_dir() && cache.path(&c).is_dir());
+        let unlimited = cache_with(dir.path(), 0);
+        assert!(unlimited.evict(&c).is_empty());
+    }
 
     #[test]
     fn digest_of_a_folder_is_the_registrys() {

@@ -13,4 +13,5 @@ pub mod nats;
 pub mod placement;
 pub mod residency;
 pub mod runtime;
+pub mod s3;
 pub mod worker;

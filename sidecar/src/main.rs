@@ -10,13 +10,14 @@ use clap::Parser;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use taskfleet_sidecar::artifacts::ArtifactCache;
+use taskfleet_sidecar::artifacts::{ArtifactCache, Source};
 use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
 use taskfleet_sidecar::metrics::{metrics, server as metrics_server};
 use taskfleet_sidecar::residency::Residency;
 use taskfleet_sidecar::runtime::http::{HttpConfig, HttpRuntime};
 use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
 use taskfleet_sidecar::runtime::{serve, Backend};
+use taskfleet_sidecar::s3::S3Source;
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
 use taskfleet_sidecar::{members, nats, placement, Error, Result};
 
@@ -169,6 +170,19 @@ struct Cli {
         default_value = "taskfleet-artifacts"
     )]
     artifact_cache: PathBuf,
+
+    /// Where the control plane put the artifacts: empty for the NATS object store `artifacts`,
+    /// or an S3-compatible bucket `s3://bucket/prefix` (credentials, region and endpoint from
+    /// the standard AWS_* environment variables; AWS_ENDPOINT_URL for MinIO and the like).
+    #[arg(long, env = "TASKFLEET_ARTIFACT_SOURCE", default_value = "")]
+    artifact_source: String,
+
+    /// Most bytes the artifact cache may hold (0: no limit). After each fetch, the least
+    /// recently used artifacts that no current placement of this worker names are removed until
+    /// it fits; what current placements name is kept even over the limit. Use it with a cache
+    /// of this worker's own (workers sharing a cache know only their own placements).
+    #[arg(long, env = "TASKFLEET_ARTIFACT_CACHE_MAX_BYTES", default_value_t = 0)]
+    artifact_cache_max_bytes: u64,
 
     /// Token budget of one batch, counted with the model's own tokenizer (its folder's
     /// tokenizer.json; characters / 4 without one). The runtime sorts a batch by length and
@@ -359,6 +373,10 @@ async fn run(cli: Cli) -> Result<()> {
         )));
     }
     let mode = runtime_mode(&cli, &worker_id)?;
+    let s3 = match cli.artifact_source.as_str() {
+        "" | "nats" => None,
+        url => Some(S3Source::from_url_and_env(url).map_err(Error::Config)?),
+    };
     let started_ms = taskfleet_sidecar::worker::now_ms();
     tracing::info!(%worker_id, nats_url = %cli.nats_url, ?mode, "starting");
 
@@ -395,7 +413,15 @@ async fn run(cli: Cli) -> Result<()> {
     let name = format!("taskfleet-sidecar {worker_id}");
     let client = nats::connect(&cli.nats_url, &name, &access).await?;
     let js = async_nats::jetstream::new(client.clone());
-    let cache = Arc::new(ArtifactCache::new(cli.artifact_cache.clone(), js.clone()));
+    let source = match s3 {
+        None => Source::Nats(js.clone()),
+        Some(s3) => Source::S3(s3, reqwest::Client::new()),
+    };
+    tracing::info!(source = %source.describe(), "artifact source");
+    let cache = Arc::new(
+        ArtifactCache::new(cli.artifact_cache.clone(), source)
+            .with_limit(cli.artifact_cache_max_bytes),
+    );
     let residency = Residency::new(runtime.clone(), cli.memory_budget_bytes, cache);
     let stop_work = CancellationToken::new();
     tokio::spawn(residency.clone().follow_runtime(stop_work.clone()));

@@ -213,6 +213,13 @@ impl Residency {
             .map(|p| p.model_key.as_str())
             .collect();
         let wanted: HashSet<&str> = placements.iter().map(|p| p.model_key.as_str()).collect();
+        self.artifacts.set_in_use(
+            placements
+                .iter()
+                .flat_map(|p| p.artifacts())
+                .map(|a| a.sha256)
+                .collect(),
+        );
         let unwanted: Vec<String> = {
             let mut state = self.lock();
             for (key, model) in state.models.iter_mut() {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use common::{eventually, NatsServer};
-use taskfleet_sidecar::artifacts::ArtifactCache;
+use taskfleet_sidecar::artifacts::{ArtifactCache, Source};
 use taskfleet_sidecar::heartbeat::Heartbeat;
 use taskfleet_sidecar::protocol::{self, ArtifactRef, Placement, WorkerHeartbeat};
 use taskfleet_sidecar::residency::Residency;
@@ -63,7 +63,10 @@ async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
         residency: Residency::new(
             runtime.clone(),
             12_345,
-            Arc::new(ArtifactCache::new("unused-cache".into(), js.clone())),
+            Arc::new(ArtifactCache::new(
+                "unused-cache".into(),
+                Source::Nats(js.clone()),
+            )),
         ),
         runtime,
         statuses: Arc::default(),
