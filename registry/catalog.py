@@ -405,6 +405,22 @@ class CatalogMixin(ServiceBase):
             )
             return [candidate_entity(s, r) for r in rows]
 
+    def artifact_digests(self) -> set[str]:
+        """The sha256 of every base model and adapter a candidate uses: what the artifact
+        source must keep (every placement, past or present, serves a candidate)."""
+        with self._read() as s:
+            bases = s.scalars(
+                select(BaseModelRow.sha256).join(
+                    CandidateRow, CandidateRow.base_model_id == BaseModelRow.id
+                )
+            )
+            adapters = s.scalars(
+                select(AdapterRow.sha256).join(
+                    CandidateRow, CandidateRow.adapter_id == AdapterRow.id
+                )
+            )
+            return set(bases) | set(adapters)
+
     # ---- audit -------------------------------------------------------------------------
     def audit_log(self, limit: int = 100) -> list[e.AuditEntry]:
         with self._read() as s:

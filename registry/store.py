@@ -217,6 +217,11 @@ class CatalogStore(ABC):
     def list_candidates(self, task: str) -> list[e.Candidate]: ...
 
     @abstractmethod
+    def artifact_digests(self) -> set[str]:
+        """The sha256 of every base model and adapter a candidate uses: what the artifact
+        source must keep (every placement, past or present, serves a candidate)."""
+
+    @abstractmethod
     def audit_log(self, limit: int = 100) -> list[e.AuditEntry]: ...
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
+import msgpack
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
@@ -73,6 +75,18 @@ class ArtifactBucket(Protocol):
 
     async def put_bytes(self, name: str, data: bytes) -> None: ...
 
+    async def list_objects(self) -> dict[str, StoredObject]: ...
+
+    async def get_bytes(self, name: str) -> bytes: ...
+
+    async def delete(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    size: int
+    modified: datetime  # UTC
+
 
 @dataclass(frozen=True)
 class NatsBucket:
@@ -96,6 +110,29 @@ class NatsBucket:
 
     async def put_bytes(self, name: str, data: bytes) -> None:
         await self.store.put(name, data)
+
+    async def list_objects(self) -> dict[str, StoredObject]:
+        try:
+            infos = await self.store.list()
+        except NotFoundError:  # an empty bucket
+            return {}
+        return {i.name: StoredObject(i.size or 0, _utc(i.mtime)) for i in infos if not i.deleted}
+
+    async def get_bytes(self, name: str) -> bytes:
+        return (await self.store.get(name)).data or b""
+
+    async def delete(self, name: str) -> None:
+        await self.store.delete(name)
+
+
+def _utc(stamp: str | datetime | None) -> datetime:
+    if isinstance(stamp, datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    if not stamp:
+        return datetime.now(UTC)  # unknown: as if new, so never collected early
+    # NATS writes RFC 3339 with nanoseconds; Python parses microseconds.
+    head, _, rest = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + ("." + rest[:6] if rest else "")).replace(tzinfo=UTC)
 
 
 @dataclass
@@ -129,3 +166,63 @@ async def upload(bucket: ArtifactBucket | ObjectStore, root: Path, sha256: str) 
         sent_bytes,
     )
     return Uploaded(sent, sent_bytes)
+
+
+@dataclass
+class Collected:
+    """What ``collect_garbage`` removed (or, dry run, would remove)."""
+
+    kept: list[str] = field(default_factory=list)  # referenced artifacts found in the bucket
+    manifests: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+    too_young: int = 0  # unreferenced objects left for a later run (see ``min_age``)
+
+
+async def collect_garbage(
+    bucket: ArtifactBucket,
+    referenced: set[str],
+    *,
+    min_age: timedelta = timedelta(minutes=10),
+    dry_run: bool = False,
+) -> Collected:
+    """Remove the artifacts no candidate references, and every file no kept manifest names.
+
+    Manifests go first, so a worker never finds a manifest whose files are gone. Objects newer
+    than ``min_age`` stay: a control plane may be uploading a new artifact (files first, its
+    manifest last) while this runs."""
+    objects = await bucket.list_objects()
+    cutoff = datetime.now(UTC) - min_age
+    result = Collected()
+    keep_files: set[str] = set()
+    manifests = {n.removeprefix("tree."): n for n in objects if n.startswith("tree.")}
+    for sha256, name in sorted(manifests.items()):
+        if sha256 in referenced:
+            result.kept.append(sha256)
+            manifest = msgpack.unpackb(await bucket.get_bytes(name))
+            keep_files.update(f["sha256"] for f in manifest["files"])
+    for name, obj in sorted(objects.items()):
+        kind, _, sha256 = name.partition(".")
+        unreferenced = (kind == "tree" and sha256 not in referenced) or (
+            kind == "file" and sha256 not in keep_files
+        )
+        if not unreferenced:
+            continue
+        if obj.modified > cutoff:
+            result.too_young += 1
+            continue
+        (result.manifests if kind == "tree" else result.files).append(name)
+        result.bytes_freed += obj.size
+    if not dry_run:
+        for name in result.manifests + result.files:
+            await bucket.delete(name)
+    log.info(
+        "artifact gc on %s: kept %d artifacts, %s %d manifests and %d files (%d bytes)",
+        bucket.describe(),
+        len(result.kept),
+        "would remove" if dry_run else "removed",
+        len(result.manifests),
+        len(result.files),
+        result.bytes_freed,
+    )
+    return result

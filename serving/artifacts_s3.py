@@ -20,7 +20,7 @@ from typing import Any
 
 from nats.js.object_store import ObjectStore
 
-from serving.artifacts import ArtifactBucket, NatsBucket
+from serving.artifacts import ArtifactBucket, NatsBucket, StoredObject
 
 S3_SCHEME = "s3://"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -108,13 +108,48 @@ class S3Bucket:
             Body=data,
         )
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> None:
+    async def list_objects(self) -> dict[str, StoredObject]:
+        def listing() -> dict[str, StoredObject]:
+            prefix = self.location.key("")
+            found: dict[str, StoredObject] = {}
+            pages = self._call("get_paginator", "list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    name = obj["Key"][len(prefix) :]
+                    if "/" not in name:  # deeper keys belong to another prefix
+                        found[name] = StoredObject(obj["Size"], obj["LastModified"])
+            return found
+
+        try:
+            return await asyncio.to_thread(listing)
+        except OSError:
+            raise
+        except Exception as exc:  # botocore errors surface while paging
+            raise OSError(f"{self.describe()}: {exc}") from None
+
+    async def get_bytes(self, name: str) -> bytes:
+        def read() -> bytes:
+            body = self._call(
+                "get_object", Bucket=self.location.bucket, Key=self.location.key(name)
+            )["Body"]
+            return bytes(body.read())
+
+        return await asyncio.to_thread(read)
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(
+            self._call, "delete_object", Bucket=self.location.bucket, Key=self.location.key(name)
+        )
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         # S3 errors become OSError: the publisher reports the placement and retries it.
         from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            getattr(self.client, method)(*args, **kwargs)
+            return getattr(self.client, method)(*args, **kwargs)
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise OSError(f"{self.describe()}: {exc}") from None
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from registry import RegistryError
 from taskfleet import __version__
+from taskfleet.cli_artifacts import artifacts_app
 from taskfleet.cli_eval import eval_app
 from taskfleet.cli_finetune import finetune_app
 from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
@@ -41,6 +42,7 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(finetune_app, name="finetune")
 app.add_typer(placement_app, name="placement")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(artifacts_app, name="artifacts")
 app.command("serve")(serve)
 app.command("gateway")(gateway)
 app.command("call")(call)

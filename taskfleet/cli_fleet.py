@@ -40,7 +40,7 @@ dlq_app = typer.Typer(help="Dead letters: requests the fleet gave up on.", no_ar
 STACK_FILE = "stack.json"
 
 
-def _fail(message: str) -> typer.Exit:
+def fail(message: str) -> typer.Exit:
     err.print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(1)
 
@@ -68,7 +68,7 @@ def artifact_source(given: str | None = None) -> str | None:
     try:
         return check_source(given or get_settings().artifact_source)
     except ArtifactSourceError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 def nats_target_or_none() -> NatsOptions | None:
@@ -76,7 +76,7 @@ def nats_target_or_none() -> NatsOptions | None:
     return get_settings().nats_options(nats_url_or_none())
 
 
-def _nats_call(url: NatsOptions, action: Callable[[NATS], Awaitable[T]]) -> T:
+def nats_call(url: NatsOptions, action: Callable[[NATS], Awaitable[T]]) -> T:
     """Run ``action(nc)`` on a fresh connection that fails fast when NATS is away."""
     from serving.connection import connect_once
 
@@ -93,7 +93,7 @@ def _nats_call(url: NatsOptions, action: Callable[[NATS], Awaitable[T]]) -> T:
 def _require_nats() -> NatsOptions:
     url = nats_target_or_none()
     if url is None:
-        raise _fail("no NATS to talk to: start `taskfleet up` or set TASKFLEET_NATS_URL")
+        raise fail("no NATS to talk to: start `taskfleet up` or set TASKFLEET_NATS_URL")
     return url
 
 
@@ -132,7 +132,7 @@ def placement_set(
     try:
         value, folders = placement_value(reg, placement)
     except PlacementError as exc:
-        raise _fail(
+        raise fail(
             f"placement {task}@{placement.epoch} recorded but cannot be served: {exc}"
         ) from None
     out.print(
@@ -150,7 +150,7 @@ def placement_set(
     try:
         if url is None:
             raise ConnectionError("no NATS URL")
-        _nats_call(url, publish)
+        nats_call(url, publish)
     except Exception as exc:  # NATS away: the outbox keeps it
         why = str(exc) or type(exc).__name__
         out.print(f"not published now ({why}); the running publisher will publish it")
@@ -227,11 +227,11 @@ def dlq_ls(
 
     url = _require_nats()
     try:
-        letters = _nats_call(url, lambda nc: list_dead_letters(nc.jetstream(), task, limit))
+        letters = nats_call(url, lambda nc: list_dead_letters(nc.jetstream(), task, limit))
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except Exception as exc:
-        raise _fail(f"cannot read the DLQ from {url}: {exc or type(exc).__name__}") from None
+        raise fail(f"cannot read the DLQ from {url}: {exc or type(exc).__name__}") from None
     table = Table("#", "task", "request", "when", "what", "error")
     for d in letters:
         table.add_row(str(d.seq), d.task, d.request_id, _age(d.time), d.summary, d.error)
@@ -250,7 +250,7 @@ def dlq_replay(
     from serving.protocol import ReplyOk
 
     if not seqs and not task:
-        raise _fail("name dead letters by number or give --task")
+        raise fail("name dead letters by number or give --task")
     url = _require_nats()
 
     async def action(nc: NATS) -> list[ReplayOutcome]:
@@ -260,9 +260,9 @@ def dlq_replay(
         return await replay(nc, chosen, wait_s=wait, keep=keep)
 
     try:
-        outcomes = _nats_call(url, action)
+        outcomes = nats_call(url, action)
     except (DeadLetterNotFound, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for o in outcomes:
         if o.reply is None:
             state = "queued" if wait <= 0 else f"no reply within {wait:g}s"
@@ -328,7 +328,7 @@ def worker(
         )
         check_sidecar_runtimes(binary, [runtime])
     except (StackError, OSError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     command = [str(binary), *nats.sidecar_args(), *flags]
     command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
     command += ["--artifact-cache", str(cache_dir / "artifacts")]
@@ -424,7 +424,7 @@ def up(
     try:
         asyncio.run(run_stack(config, open_registry(), ready))
     except StackError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     finally:
         state.unlink(missing_ok=True)
     out.print("stopped")
