@@ -295,6 +295,13 @@ def worker(
     http_url: str | None = typer.Option(None, "--http-url", help="http runtime: engine URL."),
     http_model: str | None = typer.Option(None, "--http-model", help="http runtime: model id."),
     sidecar_bin: Path | None = typer.Option(None, help="taskfleet-sidecar binary to use."),
+    cache_max_mb: int = typer.Option(
+        0,
+        "--cache-max-mb",
+        min=0,
+        help="Most MiB of models and adapters the cache keeps (0: no limit): after each fetch "
+        "the least recently used ones no current placement names are removed.",
+    ),
     source: str | None = typer.Option(
         None,
         "--artifact-source",
@@ -332,6 +339,7 @@ def worker(
     command = [str(binary), *nats.sidecar_args(), *flags]
     command += ["--memory-budget-bytes", str(memory_budget_mb * 2**20)]
     command += ["--artifact-cache", str(cache_dir / "artifacts")]
+    command += ["--artifact-cache-max-bytes", str(cache_max_mb * 2**20)]
     source = artifact_source(source)
     if source:
         command += ["--artifact-source", source]
