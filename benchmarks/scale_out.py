@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -35,22 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks._common import REPO, cpu_seconds
+from evals.report import machine_description
+from serving.placements import model_key
+from tests.faults.counting import Call, CountingClient, Tally
+from tests.faults.reference import Reference
+from tests.faults.scenarios import sentence
+from tests.fleet_fixture import register_test_adapter, stable, wait_until
+from tests.machines import Machines
+from tests.suite_fixture import add_task
+from tests.tiny_model import build_tiny_adapter, build_tiny_model
+
 REPORT_DIR = REPO / "reports" / "scale-out"
-
-from evals.report import machine_description  # noqa: E402
-from serving.placements import model_key  # noqa: E402
-from tests.faults.counting import Call, CountingClient, Tally  # noqa: E402
-from tests.faults.reference import Reference  # noqa: E402
-from tests.faults.scenarios import sentence  # noqa: E402
-from tests.fleet_fixture import register_test_adapter, stable, wait_until  # noqa: E402
-from tests.machines import Machines, cpu_seconds  # noqa: E402
-from tests.suite_fixture import add_task  # noqa: E402
-from tests.tiny_model import build_tiny_adapter, build_tiny_model  # noqa: E402
 
 # Calls cut their texts from this many distinct sentences, whose in-process vectors are computed
 # before a stream starts: checking an answer is then a lookup, not an encode in the client.

@@ -126,20 +126,6 @@ class Role:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
-    def cpu_seconds(self, *, children: bool = False) -> float:
-        """User + system CPU time of the process (plus its direct children's, live ones)."""
-        pids = [self.pid, *(children_of(self.pid) if children else [])]
-        return sum(cpu_seconds(pid) for pid in pids)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process, from /proc (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def taskfleet(*args: str) -> list[str]:
     """The `taskfleet` console script, as operators run it (``python -m`` would put the
