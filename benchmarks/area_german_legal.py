@@ -78,9 +78,10 @@ def main() -> None:
         args.out / "confusion.png",
     )
     suite = reg.get_suite(TASK)
-    command = "`.venv/bin/python benchmarks/area_german_legal.py`" + (
-        f" --preset {args.preset}" if args.preset != "default" else ""
+    options = (f" --preset {args.preset}" if args.preset != "default" else "") + (
+        f" --threads {args.threads}" if args.threads != 2 else ""
     )
+    command = f"`.venv/bin/python benchmarks/area_german_legal.py{options}`"
     extra = [
         *comparison_lines(bench.figures["comparisons"], "macro_f1"),
         "",

@@ -7,7 +7,8 @@ head on the model's sentence embedding, as ``Scorer`` and ``Classifier`` apply i
 - cross-encoder: listwise softmax over groups of one relevant and ``group_size - 1`` other
   candidates of a training query (drawn from its candidate list, seeded);
 - classifier: cross-entropy over the labels, by default weighted so that every label counts
-  alike (macro-F1 is the metric).
+  alike (macro-F1 is the metric); with a window stride, on one window of each text per epoch
+  (serving/runtime/windows.py), as the head then reads texts.
 
 Deterministic given the seed on CPU, like the embedding trainer.
 """
@@ -25,7 +26,8 @@ from finetune.data import LabelledTexts, RerankGroups
 from finetune.errors import TrainingDataError
 from finetune.modeling import add_trainable_lora, trainable_parameters
 from finetune.trainer import Step, StepCallback, TrainingResult, optimize, seed_everything
-from serving.runtime.encoder import pair_features
+from serving.runtime.encoder import padded_features, pair_features
+from serving.runtime.windows import TextWindows
 
 
 def _device(model: Any) -> Any:
@@ -133,19 +135,34 @@ def train_classifier(
     per_epoch = _steps_per_epoch(len(data.texts), hp.batch_size)
     total = min(per_epoch * hp.epochs, hp.max_steps or per_epoch * hp.epochs)
 
-    def loss(rows: list[int]) -> Any:
-        texts = [query_prefix + data.texts[i] for i in rows]
-        logits = head(_embed(model, model.tokenize(texts)))
+    windows = (
+        TextWindows(model.tokenizer, hp.max_seq_length, hp.window_stride, hp.max_windows).split(
+            [query_prefix + t for t in data.texts]
+        )
+        if hp.window_stride is not None
+        else None
+    )
+
+    def features(rows: list[int], rng: random.Random) -> dict[str, Any]:
+        if windows is None:
+            return dict(model.tokenize([query_prefix + data.texts[i] for i in rows]))
+        # One of the text's windows, drawn afresh each epoch: over the epochs the head learns
+        # from every part of the text, at the cost of one cut text per step.
+        return padded_features(model.tokenizer, [rng.choice(windows[i]) for i in rows])
+
+    def loss(rows: list[int], rng: random.Random) -> Any:
+        logits = head(_embed(model, features(rows, rng)))
         targets = torch.tensor([targets_of[i] for i in rows], dtype=torch.long)
         return torch.nn.functional.cross_entropy(logits, targets, weight=weight)
 
     def steps() -> Iterator[Step]:
         for epoch in range(hp.epochs):
             order = list(range(len(data.texts)))
-            random.Random(hp.seed * 1_000_003 + epoch).shuffle(order)
+            rng = random.Random(hp.seed * 1_000_003 + epoch)
+            rng.shuffle(order)
             for start in range(0, len(order), hp.batch_size):
                 rows = order[start : start + hp.batch_size]
-                yield Step(epoch, functools.partial(loss, rows))
+                yield Step(epoch, functools.partial(loss, rows, rng))
 
     result = optimize([model, head], _groups(hp, head, model), hp, total, steps(), on_step)
     result.pairs = min(total * hp.batch_size, len(data.texts) * hp.epochs)

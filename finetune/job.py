@@ -136,7 +136,12 @@ def train_head_adapter(
     else:
         assert isinstance(data, LabelledTexts)
         spec = HeadSpec(
-            kind="classify", dims=dims, labels=data.label_names, max_seq_length=hp.max_seq_length
+            kind="classify",
+            dims=dims,
+            labels=data.label_names,
+            max_seq_length=hp.max_seq_length,
+            window_stride=hp.window_stride,
+            max_windows=hp.max_windows if hp.window_stride is not None else 1,
         )
         head = _initial_head(spec, parent_adapter, hp.seed)
         result = train_classifier(

@@ -143,9 +143,13 @@ def build_tiny_head(
     labels: tuple[str, ...] = ("miete", "kauf", "erbe"),
     seed: int = 3,
     lora: bool = True,
+    max_seq_length: int | None = None,
+    window_stride: int | None = None,
+    max_windows: int = 1,
 ) -> Path:
     """An adapter folder with a random task head (and a random LoRA unless ``lora=False``):
-    a tiny cross-encoder (``kind="score"``) or classifier (``kind="classify"``)."""
+    a tiny cross-encoder (``kind="score"``) or classifier (``kind="classify"``), optionally
+    one that reads long texts as windows (``window_stride``, serving/runtime/windows.py)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -157,7 +161,14 @@ def build_tiny_head(
     dims = embedding_dimension(
         SentenceTransformer(str(base_path), device="cpu", local_files_only=True)
     )
-    spec = HeadSpec(kind=kind, dims=int(dims or 0), labels=labels if kind == "classify" else ())  # type: ignore[arg-type]
+    spec = HeadSpec(
+        kind=kind,  # type: ignore[arg-type]
+        dims=int(dims or 0),
+        labels=labels if kind == "classify" else (),
+        max_seq_length=max_seq_length,
+        window_stride=window_stride,
+        max_windows=max_windows,
+    )
     layer = new_head(spec, seed=seed)
     with torch.no_grad():  # a random head with real spread, so scores tell inputs apart
         layer.weight.mul_(8.0)

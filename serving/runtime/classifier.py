@@ -4,7 +4,8 @@ A classifier is an embedding model (base, optionally with a LoRA) plus a ``class
 linear layer on the text's sentence embedding whose softmax gives one probability per label.
 The head comes either from logistic regression on frozen embeddings (mteb's classification
 protocol) or from fine-tuning it together with a LoRA. Texts are read as queries (their
-prefix), as mteb encodes classification inputs.
+prefix), as mteb encodes classification inputs. A head trained on windows reads a long text as
+windows and averages their logits (serving/runtime/windows.py), here for eval and serving alike.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from serving.runtime.encoder import Encoder, EncodeStats
 from serving.runtime.heads import HeadError, HeadSpec, check_fits
 from serving.runtime.scorer import OnBatch, apply_head
+from serving.runtime.windows import TextWindows
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -47,6 +49,8 @@ class Classifier:
     ) -> np.ndarray:
         """(len(texts), len(labels)) probabilities, rows in input order."""
         stats = stats if stats is not None else EncodeStats()
+        if self.head[0].window_stride is not None:
+            return self._predict_windows(texts, stats, on_batch)
         probabilities = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
         for indices, vectors, batch_stats in self.encoder.iter_batches(texts, "query"):
             probabilities[indices] = softmax(apply_head(self.head[1], vectors))
@@ -54,3 +58,30 @@ class Classifier:
             if on_batch is not None:
                 on_batch(len(indices))
         return probabilities
+
+    def _predict_windows(
+        self, texts: Sequence[str], stats: EncodeStats, on_batch: OnBatch | None
+    ) -> np.ndarray:
+        """Softmax of each text's mean window logits; windows of all texts share passes."""
+        spec, layer = self.head
+        assert spec.window_stride is not None and spec.max_seq_length is not None
+        splitter = TextWindows(
+            self.encoder.model.tokenizer, spec.max_seq_length, spec.window_stride, spec.max_windows
+        )
+        prefix = self.encoder.spec.prefix("query")
+        per_text = splitter.split([prefix + t for t in texts])
+        owners = np.asarray([i for i, windows in enumerate(per_text) for _ in windows], dtype=int)
+        rows = [window for windows in per_text for window in windows]
+        counts = np.asarray([len(windows) for windows in per_text], dtype=np.float64)
+        left = counts.copy()
+        sums = np.zeros((len(texts), len(self.labels)), dtype=np.float64)
+        for indices, vectors, batch_stats in self.encoder.iter_token_rows(rows):
+            owner = owners[indices]
+            np.add.at(sums, owner, apply_head(layer, vectors).astype(np.float64))
+            np.subtract.at(left, owner, 1)
+            finished = int(np.count_nonzero(left[np.unique(owner)] == 0))
+            batch_stats.items = finished  # cost per text, not per window
+            stats.add(batch_stats)
+            if on_batch is not None and finished:
+                on_batch(finished)
+        return softmax(sums / counts[:, None])

@@ -246,6 +246,19 @@ class Encoder:
                 indices, vectors, stats = self._forward(batch, lengths, tokenizer.features(chosen))
                 yield [start + i for i in indices], vectors, stats
 
+    def iter_token_rows(
+        self, rows: Sequence[tuple[list[int], list[int]]]
+    ) -> Iterator[tuple[list[int], np.ndarray, EncodeStats]]:
+        """Yield (indices, embeddings, stats) per forward pass of rows tokenised already
+        ((input ids, token type ids), special tokens included; e.g. a long text's windows),
+        planned like texts (``plan_batches``)."""
+        lengths = [len(ids) for ids, _ in rows]
+        plan = plan_batches(lengths, self.max_batch_tokens, self.max_batch_size, self.max_padding)
+        tokenizer = self.model.tokenizer
+        for batch in plan:
+            features = padded_features(tokenizer, [rows[i] for i in batch.indices])
+            yield self._forward(batch, lengths, features)
+
     def _preprocess(self, texts: list[str]) -> dict[str, Any]:
         # sentence-transformers 6 renamed `tokenize` to `preprocess` (the old name warns).
         preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
@@ -391,34 +404,7 @@ class PairTokenizer:
         if self.template is None:
             return self._call(pairs, tensors=tensors)
         self.add_texts([t for pair in pairs for t in pair])
-        rows = [self.encode(q, p) for q, p in pairs]
-        names = self.tokenizer.model_input_names
-        lists = {
-            "input_ids": [ids for ids, _ in rows],
-            "token_type_ids": [types for _, types in rows],
-            "attention_mask": [[1] * len(ids) for ids, _ in rows],
-        }
-        if not tensors:
-            return {k: v for k, v in lists.items() if k in names}
-        import torch
-
-        width = max((len(ids) for ids, _ in rows), default=0)
-        pad = {
-            "input_ids": self.tokenizer.pad_token_id or 0,
-            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0) or 0,
-            "attention_mask": 0,
-        }
-        left = getattr(self.tokenizer, "padding_side", "right") == "left"
-        out: dict[str, Any] = {}
-        for key, values in lists.items():
-            if key not in names:
-                continue
-            padded = [
-                ([pad[key]] * (width - len(v)) + v) if left else (v + [pad[key]] * (width - len(v)))
-                for v in values
-            ]
-            out[key] = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
-        return out
+        return padded_features(self.tokenizer, [self.encode(q, p) for q, p in pairs], tensors)
 
     def _call(self, pairs: Sequence[tuple[str, str]], *, tensors: bool) -> dict[str, Any]:
         encoded = self.tokenizer(
@@ -432,8 +418,48 @@ class PairTokenizer:
         return dict(encoded)
 
 
+def padded_features(
+    tokenizer: Any, rows: Sequence[tuple[list[int], list[int]]], tensors: bool = True
+) -> dict[str, Any]:
+    """Model inputs of pre-tokenised rows of (input ids, token type ids): padded torch tensors
+    on the tokenizer's padding side, or lists without padding; only the tokenizer's inputs."""
+    names = tokenizer.model_input_names
+    lists = {
+        "input_ids": [ids for ids, _ in rows],
+        "token_type_ids": [types for _, types in rows],
+        "attention_mask": [[1] * len(ids) for ids, _ in rows],
+    }
+    if not tensors:
+        return {k: v for k, v in lists.items() if k in names}
+    import torch
+
+    width = max((len(ids) for ids, _ in rows), default=0)
+    pad = {
+        "input_ids": tokenizer.pad_token_id or 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0,
+        "attention_mask": 0,
+    }
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    out: dict[str, Any] = {}
+    for key, values in lists.items():
+        if key not in names:
+            continue
+        padded = [
+            ([pad[key]] * (width - len(v)) + v) if left else (v + [pad[key]] * (width - len(v)))
+            for v in values
+        ]
+        out[key] = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
+    return out
+
+
 def pair_template(tokenizer: Any) -> list[TemplatePiece] | None:
     """The pair layout of a fast tokenizer's ``TemplateProcessing`` post-processor, or None."""
+    return template(tokenizer, "pair")
+
+
+def template(tokenizer: Any, layout: Literal["single", "pair"]) -> list[TemplatePiece] | None:
+    """The ``single`` (one text: "A") or ``pair`` ("A", "B") layout of a fast tokenizer's
+    ``TemplateProcessing`` post-processor, or None."""
     import json
 
     backend = getattr(tokenizer, "_tokenizer", None) or getattr(
@@ -449,7 +475,7 @@ def pair_template(tokenizer: Any) -> list[TemplatePiece] | None:
         return None
     specials = processor.get("special_tokens", {})
     pieces: list[TemplatePiece] = []
-    for entry in processor.get("pair", []):
+    for entry in processor.get(layout, []):
         if "Sequence" in entry:
             pieces.append((str(entry["Sequence"]["id"]), int(entry["Sequence"]["type_id"])))
         elif "SpecialToken" in entry:
@@ -459,7 +485,8 @@ def pair_template(tokenizer: Any) -> list[TemplatePiece] | None:
             )
         else:
             return None
-    if [p for p, _ in pieces if isinstance(p, str)] != ["A", "B"]:
+    expected = ["A"] if layout == "single" else ["A", "B"]
+    if [p for p, _ in pieces if isinstance(p, str)] != expected:
         return None
     return pieces
 

@@ -9,10 +9,13 @@ head (``head.json`` + ``head.safetensors``), or both:
   head without a LoRA; a fine-tuned classifier is a LoRA plus a head trained with it.
 
 ``head.json``: ``{"kind": "score"|"classify", "labels": [str] (classify), "dims": int,
-"max_seq_length": int or null, "format": 1}``; ``head.safetensors``: ``weight`` (outputs x
-dims) and ``bias`` (outputs). ``max_seq_length`` is the token limit the head was trained with;
-a model spec that names none reads inputs with it (``with_head_limit``), in evaluation and
-serving alike. The registry reads only ``kind`` (registry/fingerprint.py).
+"max_seq_length": int or null, "window_stride": int or null, "max_windows": int, "format": 1}``;
+``head.safetensors``: ``weight`` (outputs x dims) and ``bias`` (outputs). ``max_seq_length`` is
+the token limit the head was trained with; a model spec that names none reads inputs with it
+(``with_head_limit``), in evaluation and serving alike. A classify head with a
+``window_stride`` reads a longer text as windows and averages their logits
+(serving/runtime/windows.py); without one the text is cut. The registry reads only ``kind``
+(registry/fingerprint.py).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class HeadSpec:
     dims: int
     labels: tuple[str, ...] = ()
     max_seq_length: int | None = None
+    # Classify: read a text longer than max_seq_length as windows starting every this many
+    # word pieces (at most max_windows) and average the logits; None cuts the text.
+    window_stride: int | None = None
+    max_windows: int = 1
 
     @property
     def outputs(self) -> int:
@@ -69,7 +76,28 @@ def read_spec(folder: Path) -> HeadSpec:
     limit = data.get("max_seq_length")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise HeadError(f"{path}: 'max_seq_length' must be a positive integer or null")
-    return HeadSpec(kind=kind, dims=dims, labels=labels, max_seq_length=limit)
+    stride = data.get("window_stride")
+    max_windows = data.get("max_windows", 1)
+    if stride is not None and (
+        kind != "classify"
+        or limit is None
+        or not isinstance(stride, int)
+        or not isinstance(max_windows, int)
+        or stride < 1
+        or max_windows < 1
+    ):
+        raise HeadError(
+            f"{path}: 'window_stride' needs a classify head with a 'max_seq_length', and it and "
+            "'max_windows' must be positive integers"
+        )
+    return HeadSpec(
+        kind=kind,
+        dims=dims,
+        labels=labels,
+        max_seq_length=limit,
+        window_stride=stride,
+        max_windows=max_windows if stride is not None else 1,
+    )
 
 
 def new_head(spec: HeadSpec, *, seed: int = 0) -> Any:
@@ -118,6 +146,9 @@ def save_head(folder: Path, spec: HeadSpec, layer: Any) -> None:
     if spec.kind == "classify":
         manifest["labels"] = list(spec.labels)
     manifest["max_seq_length"] = spec.max_seq_length
+    if spec.window_stride is not None:
+        manifest["window_stride"] = spec.window_stride
+        manifest["max_windows"] = spec.max_windows
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     tensors = {
         "weight": layer.weight.detach().float().cpu().contiguous(),
