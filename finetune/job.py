@@ -49,7 +49,7 @@ def train_adapter(
     query_prefix: str = "",
     passage_prefix: str = "",
     on_step: StepCallback | None = None,
-    checkpointing: bool = True,
+    checkpointing: bool | None = None,
 ) -> TrainedAdapter:
     """Train and write the adapter (peft files only) into out_dir, which must not exist yet."""
     spec = ModelSpec(

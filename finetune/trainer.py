@@ -56,6 +56,25 @@ class TrainingResult:
 
 StepCallback = Callable[[StepReport], None]
 
+#: Tokens of one training step above which ``train_lora`` saves memory by default: layers
+#: recomputed in the backward pass (gradient checkpointing) and glibc's mmap threshold fixed at
+#: 1 MiB (finetune/modeling.py). Preset ``epoch`` (32 queries + 32 positives + 32 hard negatives
+#: at 128 tokens = 12,288) peaked at 9.7 GB without and 1.96 GB with
+#: (reports/german-legal-retrieval/lora-memory.md). Both cost time, so smaller steps go
+#: without: the recomputation is one more forward pass per step, and with the threshold every
+#: activation tensor is a fresh mapping whose pages the kernel faults in and zeroes on each use.
+#: `make demo`'s LoRA step (preset ``demo``, 6,144 tokens) ran with both after issue 13 and took
+#: ~1.7x its time before, with 58 million minor page faults and a third of its CPU time in the
+#: kernel.
+MEMORY_SAVING_STEP_TOKENS = 8192
+
+
+def step_tokens(hp: LoraHyperparameters) -> int:
+    """Tokens one contrastive step encodes at most: each query, its positive, and its mined
+    hard negative when negatives are mined, at ``max_seq_length``."""
+    texts_per_query = 3 if hp.hard_negatives != "none" else 2
+    return hp.batch_size * texts_per_query * hp.max_seq_length
+
 
 def seed_everything(seed: int) -> None:
     import numpy as np
@@ -154,19 +173,23 @@ def train_lora(
     query_prefix: str = "",
     passage_prefix: str = "",
     on_step: StepCallback | None = None,
-    checkpointing: bool = True,
+    checkpointing: bool | None = None,
 ) -> TrainingResult:
     """Add a LoRA (or continue the parent's) to `model` and train it in place.
 
-    ``checkpointing`` trades one more forward pass per step for a fraction of the memory and
-    changes no value (a test trains both ways and compares the adapters byte for byte)."""
+    ``checkpointing`` trades time for a fraction of the memory (see
+    ``MEMORY_SAVING_STEP_TOKENS``; None: on for steps above it) and changes no value (a test
+    trains both ways and compares the adapters byte for byte)."""
     if len(data.pairs) < hp.batch_size:
         raise TrainingDataError(
             f"the training split has {len(data.pairs)} pairs, fewer than one batch of "
             f"{hp.batch_size}; lower --batch-size or use a larger split"
         )
     seed_everything(hp.seed)
-    release_freed_tensors()
+    if checkpointing is None:
+        checkpointing = step_tokens(hp) > MEMORY_SAVING_STEP_TOKENS
+    if checkpointing:
+        release_freed_tensors()
     add_trainable_lora(model, hp, parent_adapter)
     per_epoch, total_steps = plan_steps(len(data.pairs), hp)
 

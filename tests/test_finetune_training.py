@@ -22,7 +22,7 @@ from finetune.errors import (
 from finetune.job import train_adapter
 from finetune.modeling import embed_no_grad
 from finetune.negatives import mine_bm25
-from finetune.trainer import mean_loss
+from finetune.trainer import MEMORY_SAVING_STEP_TOKENS, mean_loss, step_tokens
 from registry.fingerprint import file_sha256
 from serving.runtime.encoder import Encoder, ModelSpec
 from tests.beir_fixture import build_beir
@@ -62,6 +62,18 @@ def test_loss_goes_down_and_run_is_deterministic(
 
     other_seed = train_adapter(tiny_model_path, data, FAST.with_overrides(seed=1), tmp_path / "c")
     assert other_seed.result.losses != losses
+    # A small step trains plainly by default: recomputing layers costs time it does not need.
+    assert (
+        step_tokens(FAST) <= MEMORY_SAVING_STEP_TOKENS and not first.result.gradient_checkpointing
+    )
+
+
+def test_memory_saving_is_on_for_large_steps_only() -> None:
+    # Preset epoch needs it for its 4 GB target (benchmarks/lora_memory.py); make demo's preset
+    # runs ~1.7x slower with it.
+    assert step_tokens(preset("epoch")) == 32 * 3 * 128 > MEMORY_SAVING_STEP_TOKENS
+    assert step_tokens(preset("demo")) == 16 * 3 * 128 <= MEMORY_SAVING_STEP_TOKENS
+    assert step_tokens(FAST) == 8 * 2 * 32  # no mined negatives: query + positive
 
 
 def test_gradient_checkpointing_changes_no_value(
@@ -72,7 +84,9 @@ def test_gradient_checkpointing_changes_no_value(
     data = load_training_pairs(suite)
     hp = FAST.with_overrides(epochs=2)
     kept = train_adapter(tiny_model_path, data, hp, tmp_path / "kept", checkpointing=False)
-    recomputed = train_adapter(tiny_model_path, data, hp, tmp_path / "recomputed")
+    recomputed = train_adapter(
+        tiny_model_path, data, hp, tmp_path / "recomputed", checkpointing=True
+    )
     assert (kept.result.gradient_checkpointing, recomputed.result.gradient_checkpointing) == (
         False,
         True,
