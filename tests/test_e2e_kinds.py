@@ -49,7 +49,17 @@ def _seed(home: Path, tmp: Path) -> dict[str, Path]:
     adapters = {
         "emb": build_tiny_adapter(base, tmp / "emb", seed=22),
         "ce": build_tiny_head(base, tmp / "ce", kind="score", seed=23),
-        "cls": build_tiny_head(base, tmp / "cls", kind="classify", seed=24),
+        # Reads long texts as windows (8 tokens, one every 4 word pieces): the served
+        # probabilities must follow the head's rule as the eval harness does.
+        "cls": build_tiny_head(
+            base,
+            tmp / "cls",
+            kind="classify",
+            seed=24,
+            max_seq_length=8,
+            window_stride=4,
+            max_windows=8,
+        ),
     }
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     folders = {
