@@ -124,6 +124,7 @@ def resolve_candidate(
             model_runtimes=base.runtime_kinds,
             adapter=candidate.adapter,
             task_kind=reg.get_task(candidate.task).kind,
+            variant=base.variant,
         )
     except RegistryError as exc:
         raise CandidateError(str(exc)) from None

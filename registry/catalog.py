@@ -32,7 +32,7 @@ from registry.rows import (
     model_entity,
     task_entity,
 )
-from registry.runtimes import DEFAULT_RUNTIME, check_runtime_kinds
+from registry.runtimes import DEFAULT_RUNTIME, VARIANT_RUNTIMES, check_runtime_kinds
 from registry.suites import newest_suite_row
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -171,28 +171,34 @@ class CatalogMixin(ServiceBase):
             s.add(row)
             s.flush()
             self._audit(s, "model.add", "base_model", name, {"sha256": digest.sha256})
-            return model_entity(row)
+            return model_entity(s, row)
 
     def set_model_runtimes(self, name: str, runtime_kinds: list[str]) -> e.BaseModel:
         """Which runtimes may serve the model (a placement on one still needs its eval run)."""
         kinds = check_runtime_kinds(runtime_kinds)
         with self._write() as s:
             row = get_model_row(s, name)
+            if row.variant is not None and set(kinds) - set(VARIANT_RUNTIMES):
+                raise InvalidInput(
+                    f"model {name!r} is an {row.variant} variant: only the Python runtime "
+                    f"({', '.join(VARIANT_RUNTIMES)}) runs it"
+                )
             previous = list(row.runtime_kinds)
             row.runtime_kinds = kinds
             self._audit(
                 s, "model.runtimes", "base_model", name, {"runtimes": kinds, "previous": previous}
             )
-            return model_entity(row)
+            return model_entity(s, row)
 
     def get_model(self, name: str) -> e.BaseModel:
         with self._read() as s:
-            return model_entity(get_model_row(s, name))
+            row = get_model_row(s, name)
+            return model_entity(s, row)
 
     def list_models(self) -> list[e.BaseModel]:
         with self._read() as s:
             rows = s.scalars(select(BaseModelRow).order_by(BaseModelRow.name))
-            return [model_entity(r) for r in rows]
+            return [model_entity(s, r) for r in rows]
 
     def model_path(self, name: str) -> Path:
         model = self.get_model(name)

@@ -75,6 +75,10 @@ class BaseModel:
     query_prefix: str
     passage_prefix: str
     created_at: datetime
+    #: A variant's source model (its name) and kind (``onnx``, ``onnx-int8``); None for a
+    #: model registered from its own weights.
+    source: str | None = None
+    variant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,9 @@ class BaseModelRow(Base):
     query_prefix: Mapped[str] = mapped_column(Text, default="", nullable=False)
     passage_prefix: Mapped[str] = mapped_column(Text, default="", nullable=False)
     created_at: Mapped[datetime] = _created()
+    # A variant (ONNX export, int8 quantisation) is derived from another base model.
+    source_model_id: Mapped[int | None] = mapped_column(ForeignKey("base_models.id"), nullable=True)
+    variant: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class AdapterRow(Base):

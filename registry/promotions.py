@@ -7,8 +7,11 @@ same version by the task's margin, with the paired-bootstrap lower bound of the 
 zero. Runs of other suite versions never count. Moving the champion candidate to another runtime
 is a promotion too: it needs an eval run through the new runtime whose main metric is no worse
 than the serving pairing's by more than ``RUNTIME_TOLERANCE`` (the same model should score the
-same). Otherwise only an admin may promote, with a reason. A pairing the runtime cannot serve
-(see ``registry.runtimes``) is refused for everyone.
+same). An optimised variant of the champion's model (ONNX, int8; registry/variants.py), or the
+champion's source when a variant serves, need not beat it: it may replace it when its main
+metric is no worse than the champion's by more than the task's margin, so a quantised model
+serves only if its score holds. Otherwise only an admin may promote, with a reason. A pairing
+the runtime cannot serve (see ``registry.runtimes``) is refused for everyone.
 
 Every placement epoch has a promotion row, of one of four kinds: `promote` (the rule held, or a
 first champion with an eval run), `override` (an admin, with a reason), `rollback`, and
@@ -167,6 +170,20 @@ class PromotionMixin(CatalogMixin):
                     verdict,
                     passes=True,
                     reason=f"{moved} (within -{RUNTIME_TOLERANCE:g}, {paired} queries)",
+                )
+            builds = _builds_of_one_model(s, cand, champ)
+            if builds:
+                said = f"{builds}: {metric} {interval.estimate:+.4f}"
+                if interval.estimate < -task_row.margin:
+                    return _with(
+                        verdict,
+                        reason=f"{said}, worse than the task's margin -{task_row.margin:g}",
+                    )
+                return _with(
+                    verdict,
+                    passes=True,
+                    reason=f"{said} (within the task's margin -{task_row.margin:g}, "
+                    f"{paired} queries)",
                 )
             if interval.estimate < task_row.margin:
                 return _with(
@@ -499,6 +516,25 @@ def _previous_runtime(s: Session, last: PromotionRow) -> str:
     return _promotion_runtime(s, before) if before else DEFAULT_RUNTIME
 
 
+def _builds_of_one_model(s: Session, cand: CandidateRow, champ: CandidateRow) -> str | None:
+    """How the challenger's model relates to the champion's when both are builds of one model
+    (one an optimised variant of the other, or both variants of one source), else None. Such a
+    challenger need not beat the champion: it may replace it when it scores no worse than the
+    task's margin (a quantised model serves only if its score holds)."""
+    if cand.adapter_id is not None or champ.adapter_id is not None:
+        return None
+    mine = s.get(BaseModelRow, cand.base_model_id) if cand.base_model_id else None
+    theirs = s.get(BaseModelRow, champ.base_model_id) if champ.base_model_id else None
+    if mine is None or theirs is None or mine.id == theirs.id:
+        return None
+    if (mine.source_model_id or mine.id) != (theirs.source_model_id or theirs.id):
+        return None
+    return (
+        f"{mine.name} ({mine.variant or 'torch'}) and the champion's {theirs.name} "
+        f"({theirs.variant or 'torch'}) are builds of one model"
+    )
+
+
 def _servable_problem(
     s: Session, task_row: TaskRow, cand: CandidateRow, runtime: str
 ) -> str | None:
@@ -514,6 +550,7 @@ def _servable_problem(
             model_runtimes=list(base.runtime_kinds),
             adapter=adapter.name if adapter else None,
             task_kind=task_row.kind,
+            variant=base.variant,
         )
     except InvalidInput as exc:
         return str(exc)

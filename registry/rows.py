@@ -60,7 +60,9 @@ def task_entity(r: TaskRow) -> e.Task:
     )
 
 
-def model_entity(r: BaseModelRow) -> e.BaseModel:
+def model_entity(s: Session, r: BaseModelRow) -> e.BaseModel:
+    """The model as callers see it; a variant names its source model (its lineage)."""
+    source = s.get(BaseModelRow, r.source_model_id) if r.source_model_id else None
     return e.BaseModel(
         r.id,
         r.name,
@@ -74,6 +76,8 @@ def model_entity(r: BaseModelRow) -> e.BaseModel:
         r.query_prefix,
         r.passage_prefix,
         r.created_at,
+        source.name if source else None,
+        r.variant,
     )
 
 

@@ -21,6 +21,15 @@ RUNTIME_CAPABILITIES: dict[str, frozenset[str]] = {
     "http": frozenset({"embed"}),
 }
 RUNTIME_KINDS: tuple[str, ...] = tuple(RUNTIME_CAPABILITIES)
+# Optimised variants of an embedding base model (registry/variants.py): one ONNX graph run by
+# ONNX Runtime inside the Python runtime (kind torch). A variant embeds only: no LoRA adapter,
+# no score/classify head.
+MODEL_VARIANTS: dict[str, str] = {
+    "onnx": "ONNX Runtime, fp32 (the source's weights, exported)",
+    "onnx-int8": "ONNX Runtime, int8 weights (dynamic quantisation, per channel)",
+}
+VARIANT_RUNTIMES: tuple[str, ...] = (DEFAULT_RUNTIME,)
+VARIANT_CAPABILITIES: frozenset[str] = frozenset({"embed"})
 # The op each task kind needs of a runtime (a rerank task is served by `score` even when its
 # candidate is a bi-encoder: the runtime computes the cosine).
 TASK_KIND_NEEDS: dict[str, str] = {
@@ -41,7 +50,13 @@ def check_runtime_kinds(kinds: list[str]) -> list[str]:
 
 
 def check_servable(
-    runtime: str, *, model: str, model_runtimes: list[str], adapter: str | None, task_kind: str
+    runtime: str,
+    *,
+    model: str,
+    model_runtimes: list[str],
+    adapter: str | None,
+    task_kind: str,
+    variant: str | None = None,
 ) -> None:
     """Refuse a (model, adapter, runtime) pairing the runtime cannot serve, saying why."""
     if runtime not in RUNTIME_CAPABILITIES:
@@ -52,6 +67,18 @@ def check_servable(
             f"{', '.join(model_runtimes)}); `taskfleet model runtimes {model} ...` changes that"
         )
     can = RUNTIME_CAPABILITIES[runtime]
+    if variant is not None:
+        if adapter is not None:
+            raise InvalidInput(
+                f"model {model!r} is an {variant} variant: it cannot apply LoRA adapters, so it "
+                f"cannot serve {adapter!r}"
+            )
+        need = TASK_KIND_NEEDS.get(task_kind, task_kind)
+        if need not in VARIANT_CAPABILITIES:
+            raise InvalidInput(
+                f"model {model!r} is an {variant} variant: it embeds only, so it cannot serve "
+                f"{task_kind} tasks (no {need!r})"
+            )
     if adapter is not None and "lora" not in can:
         raise InvalidInput(
             f"the {runtime} runtime cannot apply LoRA adapters, so it cannot serve {adapter!r}"

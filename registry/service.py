@@ -22,10 +22,12 @@ from registry.promotions import PromotionMixin
 from registry.sessions import DashboardSessionMixin
 from registry.store import AbstractStore
 from registry.suites import SuiteMixin
+from registry.variants import VariantMixin
 
 
 class Registry(
     PromotionMixin,
+    VariantMixin,
     EvalRunMixin,
     PlacementMixin,
     ApiKeyMixin,

@@ -3,9 +3,9 @@
 Shaped like MLflow's model-registry ``AbstractStore``: an interface of plain methods that take
 and return the plain entities of ``registry/entities.py`` (never ORM rows), and one SQLAlchemy
 implementation, ``registry.Registry`` (``registry/service.py``), split by entity into
-``registry/{suites,catalog,evalruns,placements,promotions,keys,sessions,fleet}.py`` over the
-rows of ``registry/models.py`` (shared lookups in ``registry/rows.py``). Alembic migrations are
-the only way the schema moves.
+``registry/{suites,catalog,variants,evalruns,placements,promotions,keys,sessions,fleet}.py``
+over the rows of ``registry/models.py`` (shared lookups in ``registry/rows.py``). Alembic
+migrations are the only way the schema moves.
 
 The interface is cut along what roles read, so a caller types against the narrowest view it
 needs: the placement and directory publisher against ``PublisherStore``, the control plane's
@@ -225,6 +225,28 @@ class CatalogStore(ABC):
     def audit_log(self, limit: int = 100) -> list[e.AuditEntry]: ...
 
 
+class VariantStore(ABC):
+    """Optimised variants of embedding base models (``registry/variants.py``)."""
+
+    @abstractmethod
+    def derive_model(self, base: str, variant: str, *, name: str | None = None) -> e.BaseModel:
+        """The ``variant`` of base model ``base``, built and registered with lineage to it on
+        first use; the same variant of the same source is reused."""
+
+    @abstractmethod
+    def add_variant_candidate(
+        self,
+        task: str,
+        *,
+        base: str,
+        variant: str,
+        name: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+    ) -> e.Candidate:
+        """Derive ``variant`` of ``base`` and add it to ``task`` as an embedding candidate."""
+
+
 class EvalRunStore(ABC):
     """Eval runs beyond recording and the leaderboard (``registry/evalruns.py``)."""
 
@@ -398,6 +420,7 @@ class AbstractStore(
     EvalStore,
     SuiteStore,
     CatalogStore,
+    VariantStore,
     EvalRunStore,
     PlacementStore,
     PromotionStore,

@@ -13,6 +13,7 @@ from rich.tree import Tree
 
 from registry import InvalidInput
 from registry.entities import Adapter, ApiKey, TrainingRecord
+from registry.runtimes import MODEL_VARIANTS
 from taskfleet.context import get_settings, open_registry
 
 if TYPE_CHECKING:
@@ -153,6 +154,8 @@ def model_ls() -> None:
     table = Table("model", "sha256", "dims", "max len", "size", "runtimes", "source")
     for m in open_registry().list_models():
         source = f"package {m.package}" if m.package else (m.path or "-")
+        if m.variant:
+            source = f"{m.variant} variant of {m.source}"
         table.add_row(
             m.name,
             _short(m.sha256),
@@ -175,6 +178,7 @@ def model_show(name: str = typer.Argument(..., help="Model name.")) -> None:
         ("sha256", m.sha256),
         ("path", str(reg.model_path(name))),
         ("package", m.package or "-"),
+        ("variant", f"{m.variant} of {m.source}" if m.variant else "-"),
         ("dims", m.dims),
         ("max_seq_length", m.max_seq_length),
         ("size_bytes", m.size_bytes),
@@ -302,9 +306,28 @@ def candidate_add(
         "embedding (bi-encoder), bm25, random; classification: classifier (default), tfidf-lr, "
         "majority.",
     ),
+    variant: str | None = typer.Option(
+        None,
+        help="An optimised build of --base, derived and registered as a model with lineage to "
+        "it: "
+        + "; ".join(f"{k}: {v}" for k, v in MODEL_VARIANTS.items())
+        + ". Embedding bases of retrieval tasks only; evaluate it, then promote it.",
+    ),
 ) -> None:
     """Add a candidate to a task."""
-    c = open_registry().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+    reg = open_registry()
+    if variant is None:
+        c = reg.add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+    elif base is None:
+        raise InvalidInput(f"--variant {variant} needs --base (the model to derive it from)")
+    else:
+        with out.status(f"building the {variant} variant of {base} (export, check)..."):
+            c = reg.add_variant_candidate(
+                task, base=base, variant=variant, name=name, adapter=adapter, kind=kind
+            )
+        m = reg.get_model(c.base_model or "")
+        out.print(f"model [bold]{m.name}[/bold]: {m.variant} variant of {m.source}")
+        out.print(f"sha256 {m.sha256}  size {m.size_bytes:,} bytes")
     out.print(f"candidate [bold]{c.name}[/bold] added to {c.task}")
 
 

@@ -23,6 +23,8 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+#: A model folder holding this file is an optimised variant (serving/runtime/onnx_variant.py).
+VARIANT_MANIFEST = "taskfleet_variant.json"
 TextKind = Literal["query", "passage"]
 #: Entered around one forward pass with the (input) indices of its rows, in row order.
 AroundPass = Callable[[list[int]], AbstractContextManager[Any]]
@@ -543,6 +545,8 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
 
     if not spec.base_path.is_dir():
         raise ModelLoadError(f"base model folder does not exist: {spec.base_path}")
+    if (spec.base_path / VARIANT_MANIFEST).is_file():
+        return load_onnx_variant(spec)
     try:
         model = SentenceTransformer(str(spec.base_path), device=device, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a bad folder
@@ -555,6 +559,28 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
         attach_adapter(model, spec.adapter_path)
     model.eval()
     return model
+
+
+def load_onnx_variant(spec: ModelSpec) -> Any:
+    """An ONNX variant folder (serving/runtime/onnx_variant.py), run by ONNX Runtime; it embeds
+    only, so an adapter (LoRA or head) is refused."""
+    from serving.runtime.onnx_variant import OnnxModel, VariantError
+
+    if spec.adapter_path is not None:
+        raise ModelLoadError(
+            f"{spec.base_path} is an ONNX variant: it cannot apply the adapter {spec.adapter_path}"
+        )
+    try:
+        model = OnnxModel(spec.base_path)
+    except (VariantError, Exception) as exc:  # onnxruntime raises its own types for a bad graph
+        raise ModelLoadError(f"cannot load ONNX variant from {spec.base_path}: {exc}") from exc
+    if spec.max_seq_length is not None:
+        model.max_seq_length = spec.max_seq_length
+    return model
+
+
+def is_onnx_variant(model: Any) -> bool:
+    return getattr(model, "variant", None) is not None and hasattr(model, "session")
 
 
 def attach_adapter(model: Any, adapter_path: Path, name: str = "default") -> None:

@@ -29,6 +29,7 @@ from serving.protocol import ModelStats, TextKind
 from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
+    VARIANT_MANIFEST,
     Encoder,
     ModelLoadError,
     ModelSpec,
@@ -36,6 +37,7 @@ from serving.runtime.encoder import (
     check_adapter_folder,
     detach_adapter,
     has_lora,
+    is_onnx_variant,
     load_sentence_transformer,
 )
 from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head, with_head_limit
@@ -115,7 +117,9 @@ def _groups(keys: Iterable[str]) -> dict[str, list[int]]:
 
 
 def module_bytes(module: Any) -> int:
-    """Parameter plus buffer bytes of a torch module."""
+    """Parameter plus buffer bytes of a torch module (an ONNX variant knows its own size)."""
+    if is_onnx_variant(module):
+        return int(module.memory_bytes)
     tensors = [*module.parameters(), *module.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -146,6 +150,11 @@ class ModelPool:
     def load(self, model_key: str, spec: ModelSpec) -> int:
         """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
         check_adapter_folder(spec.adapter_path)
+        if spec.adapter_path is not None and (spec.base_path / VARIANT_MANIFEST).is_file():
+            raise ModelLoadError(
+                f"{spec.base_path} is an ONNX variant: it embeds only and cannot apply the "
+                f"adapter {spec.adapter_path}"
+            )
         try:
             spec = with_head_limit(spec)
         except HeadError as exc:
@@ -340,6 +349,7 @@ class ModelPool:
         results: list[tuple[list[str], np.ndarray] | None] = [None] * len(items)
         for model_key, indices in _groups(i.model_key for i in items).items():
             loaded = self._models[model_key]
+            self._refuse_variant(loaded, "classify")
             if loaded.head is None or loaded.head[0].kind != "classify":
                 raise UnsupportedOpError(f"model {model_key!r} has no classify head")
             classifier = Classifier(loaded.encoder, loaded.head)
@@ -353,7 +363,15 @@ class ModelPool:
                 start += count
         return [r for r in results if r is not None]
 
+    def _refuse_variant(self, loaded: _Loaded, op: str) -> None:
+        if is_onnx_variant(loaded.base.model):
+            raise UnsupportedOpError(
+                f"model {loaded.model_key!r} is an {loaded.base.model.variant} variant: it "
+                f"embeds only (no {op})"
+            )
+
     def _scorer(self, loaded: _Loaded) -> Scorer:
+        self._refuse_variant(loaded, "score")
         if loaded.head is not None and loaded.head[0].kind != "score":
             raise UnsupportedOpError(
                 f"model {loaded.model_key!r} has a {loaded.head[0].kind} head; it cannot score"

@@ -1,0 +1,136 @@
+"""Optimised variants of a base model as registry records: derived, fingerprinted, with lineage.
+
+``derive_model`` exports an embedding base model to ONNX (``onnx``) or to ONNX with int8 weights
+(``onnx-int8``; serving/runtime/onnx_variant.py does the work), stores the folder
+content-addressed like an adapter, and records it as a base model whose ``source`` is the model
+it came from. ``add_variant_candidate`` then adds it to a task as an ordinary embedding
+candidate: it is evaluated like any other, and only a promotion puts it on the fleet
+(registry/promotions.py: a variant of the champion's model may replace it when its score stays
+within the task's margin).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import select
+
+from registry import entities as e
+from registry.catalog import CatalogMixin
+from registry.errors import AlreadyExists, InvalidInput
+from registry.fingerprint import sequence_classifier_labels
+from registry.models import BaseModelRow
+from registry.rows import get_model_row, get_task_row, model_entity
+from registry.runtimes import MODEL_VARIANTS, VARIANT_RUNTIMES
+
+
+def check_variant(variant: str) -> str:
+    if variant not in MODEL_VARIANTS:
+        raise InvalidInput(f"unknown variant {variant!r}; known: {', '.join(MODEL_VARIANTS)}")
+    return variant
+
+
+class VariantMixin(CatalogMixin):
+    def derive_model(self, base: str, variant: str, *, name: str | None = None) -> e.BaseModel:
+        """The ``variant`` of base model ``base`` (built and registered on first use; the same
+        variant of the same source is reused)."""
+        check_variant(variant)
+        source = self.get_model(base)
+        if source.variant is not None:
+            raise InvalidInput(
+                f"model {base!r} is already an {source.variant} variant of {source.source!r}; "
+                f"derive from {source.source!r}"
+            )
+        folder = self.model_path(base)
+        if sequence_classifier_labels(folder) is not None:
+            raise InvalidInput(
+                f"model {base!r} is a sequence classifier (a cross-encoder or classifier); "
+                "variants are built of embedding models only"
+            )
+        if not (folder / "modules.json").is_file():
+            raise InvalidInput(
+                f"model {base!r} is not a sentence-transformers embedding model (no modules.json);"
+                " variants are built of embedding models only"
+            )
+        derived_name = name or f"{base}-{variant}"
+        with self._read() as s:
+            row = s.scalar(select(BaseModelRow).where(BaseModelRow.name == derived_name))
+            if row is not None:
+                if row.source_model_id == source.id and row.variant == variant:
+                    return model_entity(s, row)
+                raise AlreadyExists(
+                    f"model {derived_name!r} already exists and is not the {variant} variant of "
+                    f"{base!r}; choose another --name"
+                )
+        from serving.runtime.onnx_variant import VariantError, export_variant
+
+        with tempfile.TemporaryDirectory(prefix="taskfleet-variant-") as tmp:
+            built = Path(tmp) / "variant"
+            try:
+                export_variant(folder, built, variant, source_sha256=source.sha256)
+            except VariantError as exc:
+                raise InvalidInput(str(exc)) from None
+            digest = self.artifacts.put_dir(built)
+        from serving.runtime.onnx_variant import read_variant
+
+        stored = self.artifacts.path_for(digest.sha256)
+        manifest = read_variant(stored) or {}
+        with self._write() as s:
+            if s.scalar(select(BaseModelRow).where(BaseModelRow.name == derived_name)):
+                raise AlreadyExists(f"model {derived_name!r} already exists")
+            source_row = get_model_row(s, base)
+            row = BaseModelRow(
+                name=derived_name,
+                path=str(stored.resolve()),
+                package=None,
+                sha256=digest.sha256,
+                dims=manifest.get("dims", source_row.dims),
+                max_seq_length=manifest.get("max_seq_length", source_row.max_seq_length),
+                size_bytes=digest.size_bytes,
+                runtime_kinds=list(VARIANT_RUNTIMES),
+                query_prefix=source_row.query_prefix,
+                passage_prefix=source_row.passage_prefix,
+                source_model_id=source_row.id,
+                variant=variant,
+            )
+            s.add(row)
+            s.flush()
+            self._audit(
+                s,
+                "model.derive",
+                "base_model",
+                derived_name,
+                {"sha256": digest.sha256, "source": base, "variant": variant},
+            )
+            return model_entity(s, row)
+
+    def add_variant_candidate(
+        self,
+        task: str,
+        *,
+        base: str,
+        variant: str,
+        name: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+    ) -> e.Candidate:
+        """Derive ``variant`` of ``base`` and add it to ``task`` as an embedding candidate.
+        Everything a variant cannot be is refused before the (slow) export."""
+        check_variant(variant)
+        if adapter is not None:
+            raise InvalidInput(
+                f"a {variant} variant cannot carry a LoRA adapter ({adapter!r}); variants are "
+                "built of base models only"
+            )
+        if kind not in (None, "embedding"):
+            raise InvalidInput(f"a {variant} variant is an embedding candidate, not {kind!r}")
+        with self._read() as s:
+            task_kind = get_task_row(s, task).kind
+        if task_kind != "retrieval":
+            raise InvalidInput(
+                f"task {task!r} is a {task_kind} task; a {variant} variant embeds only and serves "
+                "retrieval tasks"
+            )
+        derived = self.derive_model(base, variant)
+        return self.add_candidate(task, name=name, base=derived.name, kind="embedding")
