@@ -12,6 +12,7 @@ import pytest
 from serving.client import Client
 from tests.fleet_fixture import LocalFleet, register_served_task
 from tests.nats_fixture import unique_task
+from tests.suite_fixture import add_task
 
 TEXTS = [
     "Der Mieter muss die Kündigung schriftlich erklären.",
@@ -93,3 +94,30 @@ def test_placement_status_reaches_the_registry(fleet: LocalFleet, placed: str) -
     assert worker.reachable and worker.epochs[placed] == 1
     assert any(key.startswith(f"m-{placed}-") for key in worker.loaded)
     assert 0 < worker.memory_used <= worker.memory_budget == fleet.memory_budget_bytes
+
+
+def test_an_onnx_variant_serves_the_sources_vectors(
+    fleet: LocalFleet, tiny_model_path: Path
+) -> None:
+    """`candidate add --variant onnx` promoted: the Python runtime runs ONNX Runtime behind the
+    same socket protocol, and the gateway returns the source's in-process vectors."""
+    reg = fleet.reg
+    task = unique_task("onnx")
+    add_task(reg, task, suite="test-suite")
+    try:
+        reg.get_model("tiny-src")
+    except Exception:
+        reg.add_model("tiny-src", path=tiny_model_path)
+    candidate = reg.add_variant_candidate(task, base="tiny-src", variant="onnx")
+    placed = reg.promote(task, candidate.name, override=True, reason="test: no eval run")
+    try:
+        fleet.serving(task, placed.epoch)
+    except AssertionError:
+        pytest.fail(f"no worker serves the variant:\n{fleet.logs()}")
+    expected = _in_process(tiny_model_path, TEXTS)
+    with Client(fleet.gateway_url) as client:
+        result = client.embed_with_info(task, TEXTS, kind="passage")
+        single = client.embed(task, TEXTS[1], kind="passage")
+    np.testing.assert_allclose(result.vectors, expected, atol=1e-5)
+    np.testing.assert_allclose(single[0], expected[1], atol=1e-5)
+    assert result.model_key.startswith("tiny-src-onnx")

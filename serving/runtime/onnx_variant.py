@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,11 @@ def export_variant(source: Path, target: Path, variant: str, *, source_sha256: s
         fp32 = Path(tmp) / ONNX_FILE
         pipeline = _Pipeline(st, names)
         dynamic = {name: {0: "batch", 1: "tokens"} for name in names}
-        with torch.inference_mode():
+        # The tracer warns about Python branches on shapes (constant for an encoder: the mask
+        # covers every token) and the exporter about its own deprecations; the check below
+        # compares the graph's vectors with torch's.
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             torch.onnx.export(
                 pipeline,
                 tuple(features[n] for n in names),
