@@ -226,7 +226,12 @@ def list_candidates(task: str, a: Act) -> list[dict[str, Any]]:
 def add_candidate(task: str, body: CandidateIn, a: Act) -> dict[str, Any]:
     a.who.need("admin")
     candidate = a.reg.add_candidate(
-        task, name=body.name, base=body.base, adapter=body.adapter, kind=body.kind
+        task,
+        name=body.name,
+        base=body.base,
+        adapter=body.adapter,
+        kind=body.kind,
+        variant=body.variant,
     )
     return asdict(candidate)
 

@@ -89,6 +89,11 @@ class CandidateIn(Body):
     base: Name | None = None
     adapter: Name | None = None
     kind: Short | None = Field(None, description="Leave out: what the task's kind implies.")
+    variant: Short | None = Field(
+        None,
+        description="onnx or onnx-int8: an optimised build of `base`, derived and registered "
+        "with lineage to it (embedding bases of retrieval tasks; takes tens of seconds).",
+    )
 
 
 class PlacementIn(Body):

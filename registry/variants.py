@@ -105,6 +105,25 @@ class VariantMixin(CatalogMixin):
             )
             return model_entity(s, row)
 
+    def add_candidate(
+        self,
+        task: str,
+        *,
+        name: str | None = None,
+        base: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+        variant: str | None = None,
+    ) -> e.Candidate:
+        """``CatalogMixin.add_candidate``, or with ``variant`` the variant of ``base``."""
+        if variant is None:
+            return super().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+        if base is None:
+            raise InvalidInput(f"an {variant} variant needs the base model it is derived from")
+        return self.add_variant_candidate(
+            task, base=base, variant=variant, name=name, adapter=adapter, kind=kind
+        )
+
     def add_variant_candidate(
         self,
         task: str,
@@ -120,16 +139,16 @@ class VariantMixin(CatalogMixin):
         check_variant(variant)
         if adapter is not None:
             raise InvalidInput(
-                f"a {variant} variant cannot carry a LoRA adapter ({adapter!r}); variants are "
+                f"an {variant} variant cannot carry a LoRA adapter ({adapter!r}); variants are "
                 "built of base models only"
             )
         if kind not in (None, "embedding"):
-            raise InvalidInput(f"a {variant} variant is an embedding candidate, not {kind!r}")
+            raise InvalidInput(f"an {variant} variant is an embedding candidate, not {kind!r}")
         with self._read() as s:
             task_kind = get_task_row(s, task).kind
         if task_kind != "retrieval":
             raise InvalidInput(
-                f"task {task!r} is a {task_kind} task; a {variant} variant embeds only and serves "
+                f"task {task!r} is a {task_kind} task; an {variant} variant embeds only and serves "
                 "retrieval tasks"
             )
         derived = self.derive_model(base, variant)

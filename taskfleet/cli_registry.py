@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -316,15 +317,15 @@ def candidate_add(
 ) -> None:
     """Add a candidate to a task."""
     reg = open_registry()
-    if variant is None:
-        c = reg.add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
-    elif base is None:
-        raise InvalidInput(f"--variant {variant} needs --base (the model to derive it from)")
-    else:
-        with out.status(f"building the {variant} variant of {base} (export, check)..."):
-            c = reg.add_variant_candidate(
-                task, base=base, variant=variant, name=name, adapter=adapter, kind=kind
-            )
+    with (
+        out.status(f"building the {variant} variant of {base} (export, check)...")
+        if variant
+        else contextlib.nullcontext()
+    ):
+        c = reg.add_candidate(
+            task, name=name, base=base, adapter=adapter, kind=kind, variant=variant
+        )
+    if variant is not None:
         m = reg.get_model(c.base_model or "")
         out.print(f"model [bold]{m.name}[/bold]: {m.variant} variant of {m.source}")
         out.print(f"sha256 {m.sha256}  size {m.size_bytes:,} bytes")

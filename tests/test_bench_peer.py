@@ -17,7 +17,8 @@ def test_smoke_without_infinity(tmp_path: Path, tiny_model_path: Path) -> None:
     report = tmp_path / "peer.md"
     code = peer.main(
         [
-            "--engines", "taskfleet-onnx-int8,infinity-torch", "--infinity-venv", str(tmp_path / "none"),
+            "--engines", "taskfleet-onnx-int8,infinity-torch",
+            "--infinity-venv", str(tmp_path / "none"),
             "--base-path", str(tiny_model_path), "--passages", "24", "--concurrency", "4",
             "--rounds", "1", "--latency-requests", "3", "--report", "--report-path", str(report),
         ]

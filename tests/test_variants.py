@@ -159,7 +159,7 @@ def test_what_a_variant_cannot_be_is_refused_in_one_line(
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     for args, message in (
         (["--base", "tiny", "--variant", "fp16"], "unknown variant 'fp16'; known: onnx, onnx-int8"),
-        (["--variant", "onnx"], "--variant onnx needs --base"),
+        (["--variant", "onnx"], "an onnx variant needs the base model it is derived from"),
         (["--base", "tiny", "--variant", "onnx"], "unknown task 'legal'"),
     ):
         r = run_cli(home, db, "candidate", "add", TASK, *args)
