@@ -155,17 +155,17 @@ def test_what_a_variant_cannot_be_is_refused_in_one_line(
     with pytest.raises(InvalidInput, match="only the Python runtime"):
         reg.set_model_runtimes("tiny-onnx", ["torch", "candle"])
 
-    home = tmp_path / "home"
-    db = f"sqlite:///{tmp_path / 'cli.db'}"
-    for args, message in (
-        (["--base", "tiny", "--variant", "fp16"], "unknown variant 'fp16'; known: onnx, onnx-int8"),
-        (["--variant", "onnx"], "an onnx variant needs the base model it is derived from"),
-        (["--base", "tiny", "--variant", "onnx"], "unknown task 'legal'"),
-    ):
-        r = run_cli(home, db, "candidate", "add", TASK, *args)
-        assert r.returncode == 1, r.stdout
-        assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with pytest.raises(InvalidInput, match="an onnx variant needs the base model"):
+        reg.add_candidate(TASK, variant="onnx")
+    with pytest.raises(InvalidInput, match="cannot carry a LoRA adapter"):
+        reg.add_candidate(TASK, base="tiny", adapter="some-lora", variant="onnx")
+    # The CLI prints the registry's refusal as one line.
+    r = run_cli(
+        tmp_path / "home", f"sqlite:///{tmp_path / 'cli.db'}",
+        "candidate", "add", TASK, "--base", "tiny", "--variant", "fp16",
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.strip() == "error: unknown variant 'fp16'; known: onnx, onnx-int8"
 
 
 def test_the_runtime_embeds_with_a_variant_and_refuses_other_ops(
