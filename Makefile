@@ -98,6 +98,7 @@ bench: $(STAMP) infinity test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
 	$(PY) benchmarks/runtimes.py
 	$(PY) benchmarks/eval_german_legal.py
+	$(PY) benchmarks/variants_german_legal.py
 	$(PY) benchmarks/lora_german_legal.py
 	$(PY) benchmarks/rerank_german_legal.py --preset floor --max-steps 120
 	$(PY) benchmarks/area_german_legal.py
