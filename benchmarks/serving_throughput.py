@@ -75,6 +75,7 @@ def start_stack(
     """`taskfleet up` serving TASK with MiniLM, or with its ``variant`` (onnx, onnx-int8)."""
     from registry import Registry
     from taskfleet.suites import ensure_suite
+    from taskfleet.variants import build_variant
 
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     data_dir = os.environ.get("TASKFLEET_DATA_DIR")
@@ -86,7 +87,9 @@ def start_stack(
     if variant is None:
         candidate = reg.add_candidate(TASK, base="minilm")
     else:
-        candidate = reg.add_variant_candidate(TASK, base="minilm", variant=variant)
+        candidate = reg.add_variant_candidate(
+            TASK, base="minilm", variant=variant, build=build_variant
+        )
     # No eval run in a throughput benchmark: an admin override places it, pinned; the running
     # publisher publishes it.
     reg.promote(TASK, candidate.name, override=True, reason="throughput benchmark", pinned=True)

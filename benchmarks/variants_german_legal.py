@@ -29,6 +29,7 @@ from benchmarks.eval_german_legal import MODEL_PACKAGE, TASK, _timed  # noqa: E4
 from evals.report import machine_description  # noqa: E402
 from evals.runner import EvalPaths, run_eval  # noqa: E402
 from registry import Registry  # noqa: E402
+from taskfleet.variants import build_variant  # noqa: E402
 
 VARIANTS = ("onnx", "onnx-int8")
 HEADER = (
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if f"minilm-{variant}" in have:
             continue
         started = time.perf_counter()
-        reg.add_variant_candidate(TASK, base="minilm", variant=variant)
+        reg.add_variant_candidate(TASK, base="minilm", variant=variant, build=build_variant)
         built[variant] = time.perf_counter() - started
         print(f"{variant}: derived in {built[variant]:.1f}s", flush=True)
     paths = EvalPaths(

@@ -20,6 +20,7 @@ from registry.keys import key_prefix
 from registry.promotions import PROMOTE_ROLES
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
+from registry.store import VariantBuilder
 from registry.throttle import LoginThrottle
 
 CONTROL_ROLES = ("viewer", "promoter", "admin")
@@ -89,6 +90,7 @@ class ControlPlane:
     require_auth: bool = True
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     read_suite: SuiteReader | None = None  # reads suite folders for POST /api/v1/suites
+    build_variant: VariantBuilder | None = None  # builds `variant` candidates (POST candidates)
 
 
 def visible_workers(workers: list[Worker], who: Principal) -> list[Worker]:

@@ -17,6 +17,7 @@ from registry.dashboard.rendering import error_page
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
+from registry.store import VariantBuilder
 from registry.throttle import LoginThrottle
 
 MAX_BODY_BYTES = 1 << 20
@@ -31,12 +32,15 @@ def create_app(
     throttle: LoginThrottle | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
     read_suite: SuiteReader | None = None,
+    build_variant: VariantBuilder | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
     what the shell knows (e.g. whether this process publishes placements) to /healthz.
     `read_suite` lets `POST /api/v1/suites` read suite folders (the shell wires the eval harness
-    in: the registry must not import it); without it that route answers 501 NOT_IMPLEMENTED."""
+    in: the registry must not import it); without it that route answers 501 NOT_IMPLEMENTED.
+    `build_variant` likewise lets `POST .../candidates` with a `variant` build it (the shell
+    wires serving's ONNX export in); without it such a body answers 501."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -45,7 +49,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    control = ControlPlane(registry, require_auth, throttle or LoginThrottle(), read_suite)
+    control = ControlPlane(
+        registry, require_auth, throttle or LoginThrottle(), read_suite, build_variant
+    )
     app.state.control = control
     app.state.health = health
     app.include_router(router)

@@ -60,6 +60,6 @@ class DatabaseError(RegistryError):
 
 class NotImplementedHere(RegistryError):
     """This process was not given what the route needs (a control plane without a suite
-    reader); another deployment of the same API answers it."""
+    reader or a variant builder); another deployment of the same API answers it."""
 
     code = ErrorCode.NOT_IMPLEMENTED

@@ -223,8 +223,11 @@ def list_candidates(task: str, a: Act) -> list[dict[str, Any]]:
 
 
 @router.post("/tasks/{task}/candidates", status_code=201)
-def add_candidate(task: str, body: CandidateIn, a: Act) -> dict[str, Any]:
+def add_candidate(task: str, body: CandidateIn, request: Request, a: Act) -> dict[str, Any]:
     a.who.need("admin")
+    build_variant = request.app.state.control.build_variant
+    if body.variant is not None and build_variant is None:
+        raise NotImplementedHere("this control plane cannot build variants")
     candidate = a.reg.add_candidate(
         task,
         name=body.name,
@@ -232,6 +235,7 @@ def add_candidate(task: str, body: CandidateIn, a: Act) -> dict[str, Any]:
         adapter=body.adapter,
         kind=body.kind,
         variant=body.variant,
+        build_variant=build_variant,
     )
     return asdict(candidate)
 

@@ -20,13 +20,21 @@ without a database.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from registry import entities as e
 
 # ``expected_champion`` not given: promote/rollback whatever the champion is now.
 UNSET = "\0unset"
+
+#: Writes the ``variant`` of the model folder ``source`` into ``target`` and returns the manifest
+#: it wrote (``dims``, ``max_seq_length``, ...): (source, target, variant, source sha256).
+#: Refusals are ``InvalidInput``. The shell passes one (``taskfleet.variants.build_variant``):
+#: the registry imports no serving code.
+VariantBuilder = Callable[[Path, Path, str, str], Mapping[str, Any]]
 
 
 class CatalogReader(ABC):
@@ -210,8 +218,12 @@ class CatalogStore(ABC):
         base: str | None = None,
         adapter: str | None = None,
         kind: str | None = None,
+        variant: str | None = None,
+        build_variant: VariantBuilder | None = None,
     ) -> e.Candidate:
-        """Add a candidate; ``kind`` defaults to the task kind's model candidate."""
+        """Add a candidate; ``kind`` defaults to the task kind's model candidate. With
+        ``variant``: that variant of ``base``, built by ``build_variant``
+        (``VariantStore.add_variant_candidate``)."""
 
     @abstractmethod
     def list_candidates(self, task: str) -> list[e.Candidate]: ...
@@ -229,9 +241,11 @@ class VariantStore(ABC):
     """Optimised variants of embedding base models (``registry/variants.py``)."""
 
     @abstractmethod
-    def derive_model(self, base: str, variant: str, *, name: str | None = None) -> e.BaseModel:
-        """The ``variant`` of base model ``base``, built and registered with lineage to it on
-        first use; the same variant of the same source is reused."""
+    def derive_model(
+        self, base: str, variant: str, *, build: VariantBuilder | None, name: str | None = None
+    ) -> e.BaseModel:
+        """The ``variant`` of base model ``base``, built by ``build`` and registered with lineage
+        to it on first use; the same variant of the same source is reused (no builder needed)."""
 
     @abstractmethod
     def add_variant_candidate(
@@ -240,11 +254,13 @@ class VariantStore(ABC):
         *,
         base: str,
         variant: str,
+        build: VariantBuilder | None,
         name: str | None = None,
         adapter: str | None = None,
         kind: str | None = None,
     ) -> e.Candidate:
-        """Derive ``variant`` of ``base`` and add it to ``task`` as an embedding candidate."""
+        """Derive ``variant`` of ``base`` (built by ``build``) and add it to ``task`` as an
+        embedding candidate; what a variant cannot be is refused before the (slow) build."""
 
 
 class EvalRunStore(ABC):

@@ -1,9 +1,11 @@
 """Optimised variants of a base model as registry records: derived, fingerprinted, with lineage.
 
-``derive_model`` exports an embedding base model to ONNX (``onnx``) or to ONNX with int8 weights
-(``onnx-int8``; serving/runtime/onnx_variant.py does the work), stores the folder
-content-addressed like an adapter, and records it as a base model whose ``source`` is the model
-it came from. ``add_variant_candidate`` then adds it to a task as an ordinary embedding
+``derive_model`` has an embedding base model built as ONNX (``onnx``) or as ONNX with int8
+weights (``onnx-int8``), stores the folder content-addressed like an adapter, and records it as
+a base model whose ``source`` is the model it came from. The build is the caller's
+``VariantBuilder`` (the shell passes ``taskfleet.variants.build_variant``, which runs
+serving/runtime/onnx_variant.py): the registry imports no serving code, as it reads no suite
+folders. ``add_variant_candidate`` then adds it to a task as an ordinary embedding
 candidate: it is evaluated like any other, and only a promotion puts it on the fleet
 (registry/promotions.py: a variant of the champion's model may replace it when its score stays
 within the task's margin).
@@ -18,11 +20,12 @@ from sqlalchemy import select
 
 from registry import entities as e
 from registry.catalog import CatalogMixin
-from registry.errors import AlreadyExists, InvalidInput
+from registry.errors import AlreadyExists, InvalidInput, NotImplementedHere
 from registry.fingerprint import sequence_classifier_labels
 from registry.models import BaseModelRow
 from registry.rows import get_model_row, get_task_row, model_entity
 from registry.runtimes import MODEL_VARIANTS, VARIANT_RUNTIMES
+from registry.store import VariantBuilder
 
 
 def check_variant(variant: str) -> str:
@@ -32,9 +35,11 @@ def check_variant(variant: str) -> str:
 
 
 class VariantMixin(CatalogMixin):
-    def derive_model(self, base: str, variant: str, *, name: str | None = None) -> e.BaseModel:
-        """The ``variant`` of base model ``base`` (built and registered on first use; the same
-        variant of the same source is reused)."""
+    def derive_model(
+        self, base: str, variant: str, *, build: VariantBuilder | None, name: str | None = None
+    ) -> e.BaseModel:
+        """The ``variant`` of base model ``base`` (built by ``build`` and registered on first
+        use; the same variant of the same source is reused, no builder needed)."""
         check_variant(variant)
         source = self.get_model(base)
         if source.variant is not None:
@@ -63,19 +68,15 @@ class VariantMixin(CatalogMixin):
                     f"model {derived_name!r} already exists and is not the {variant} variant of "
                     f"{base!r}; choose another --name"
                 )
-        from serving.runtime.onnx_variant import VariantError, export_variant
-
+        if build is None:
+            raise NotImplementedHere(
+                f"no variant builder here: the {variant} variant of {base!r} cannot be built"
+            )
         with tempfile.TemporaryDirectory(prefix="taskfleet-variant-") as tmp:
             built = Path(tmp) / "variant"
-            try:
-                export_variant(folder, built, variant, source_sha256=source.sha256)
-            except VariantError as exc:
-                raise InvalidInput(str(exc)) from None
+            manifest = build(folder, built, variant, source.sha256)
             digest = self.artifacts.put_dir(built)
-        from serving.runtime.onnx_variant import read_variant
-
         stored = self.artifacts.path_for(digest.sha256)
-        manifest = read_variant(stored) or {}
         with self._write() as s:
             if s.scalar(select(BaseModelRow).where(BaseModelRow.name == derived_name)):
                 raise AlreadyExists(f"model {derived_name!r} already exists")
@@ -114,14 +115,23 @@ class VariantMixin(CatalogMixin):
         adapter: str | None = None,
         kind: str | None = None,
         variant: str | None = None,
+        build_variant: VariantBuilder | None = None,
     ) -> e.Candidate:
-        """``CatalogMixin.add_candidate``, or with ``variant`` the variant of ``base``."""
+        """``CatalogMixin.add_candidate``, or with ``variant`` the variant of ``base`` built by
+        ``build_variant``."""
         if variant is None:
             return super().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+        check_variant(variant)
         if base is None:
             raise InvalidInput(f"an {variant} variant needs the base model it is derived from")
         return self.add_variant_candidate(
-            task, base=base, variant=variant, name=name, adapter=adapter, kind=kind
+            task,
+            base=base,
+            variant=variant,
+            build=build_variant,
+            name=name,
+            adapter=adapter,
+            kind=kind,
         )
 
     def add_variant_candidate(
@@ -130,12 +140,14 @@ class VariantMixin(CatalogMixin):
         *,
         base: str,
         variant: str,
+        build: VariantBuilder | None,
         name: str | None = None,
         adapter: str | None = None,
         kind: str | None = None,
     ) -> e.Candidate:
-        """Derive ``variant`` of ``base`` and add it to ``task`` as an embedding candidate.
-        Everything a variant cannot be is refused before the (slow) export."""
+        """Derive ``variant`` of ``base`` (built by ``build``) and add it to ``task`` as an
+        embedding candidate. Everything a variant cannot be is refused before the (slow)
+        export."""
         check_variant(variant)
         if adapter is not None:
             raise InvalidInput(
@@ -151,5 +163,5 @@ class VariantMixin(CatalogMixin):
                 f"task {task!r} is a {task_kind} task; an {variant} variant embeds only and serves "
                 "retrieval tasks"
             )
-        derived = self.derive_model(base, variant)
+        derived = self.derive_model(base, variant, build=build)
         return self.add_candidate(task, name=name, base=derived.name, kind="embedding")

@@ -16,6 +16,7 @@ from registry import InvalidInput
 from registry.entities import Adapter, ApiKey, TrainingRecord
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.context import get_settings, open_registry
+from taskfleet.variants import build_variant
 
 if TYPE_CHECKING:
     from registry import Registry
@@ -323,7 +324,13 @@ def candidate_add(
         else contextlib.nullcontext()
     ):
         c = reg.add_candidate(
-            task, name=name, base=base, adapter=adapter, kind=kind, variant=variant
+            task,
+            name=name,
+            base=base,
+            adapter=adapter,
+            kind=kind,
+            variant=variant,
+            build_variant=build_variant,
         )
     if variant is not None:
         m = reg.get_model(c.base_model or "")

@@ -58,6 +58,7 @@ def serve(
     from taskfleet.cli_fleet import artifact_source, nats_url_or_none
     from taskfleet.stack import QuietServer
     from taskfleet.suites import rest_suite_reader
+    from taskfleet.variants import build_variant
 
     settings = get_settings()
     registry = open_registry()
@@ -76,6 +77,7 @@ def serve(
         read_suite=rest_suite_reader(
             data_root=settings.data_dir, mteb_dir=settings.resolved_home / "suites"
         ),
+        build_variant=build_variant,
     )
     server = QuietServer(app, host, port, log_level="info")
     if loops is None:

@@ -366,6 +366,7 @@ async def run_stack(
         # control plane on this NATS already does.
         control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
         from taskfleet.suites import rest_suite_reader
+        from taskfleet.variants import build_variant
 
         control = create_app(
             registry,
@@ -376,6 +377,7 @@ async def run_stack(
             read_suite=rest_suite_reader(
                 data_root=config.data_dir, mteb_dir=config.home / "suites"
             ),
+            build_variant=build_variant,
         )
         gateway = create_gateway(nats_url, GatewaySettings(require_auth=config.require_auth))
         servers = [

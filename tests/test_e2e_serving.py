@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from serving.client import Client
+from taskfleet.variants import build_variant
 from tests.fleet_fixture import LocalFleet, register_served_task
 from tests.nats_fixture import unique_task
 from tests.suite_fixture import add_task
@@ -108,7 +109,9 @@ def test_an_onnx_variant_serves_the_sources_vectors(
         reg.get_model("tiny-src")
     except Exception:
         reg.add_model("tiny-src", path=tiny_model_path)
-    candidate = reg.add_variant_candidate(task, base="tiny-src", variant="onnx")
+    candidate = reg.add_variant_candidate(
+        task, base="tiny-src", variant="onnx", build=build_variant
+    )
     placed = reg.promote(task, candidate.name, override=True, reason="test: no eval run")
     try:
         fleet.serving(task, placed.epoch)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,11 +18,14 @@ from evals.runner import EvalPaths, run_eval
 from evals.suites import declare
 from registry import InvalidInput, Registry
 from registry.fingerprint import tree_sha256
+from registry.runtimes import MODEL_VARIANTS
+from taskfleet.variants import build_variant
 from tests.evalrun_fixture import record_run
 from tests.suite_fixture import add_task
 from tests.test_cli_registry import run_cli
 from tests.tiny_model import build_tiny_head
 
+REPO = Path(__file__).resolve().parent.parent
 TASK = "legal"
 SUITE = "legal-suite"
 TEXTS = [
@@ -58,8 +63,8 @@ def reg(
     registry.add_task(TASK, suite=SUITE, margin=0.01)
     registry.add_model("tiny", path=tiny_model_path)
     registry.add_candidate(TASK, name="tiny-base", base="tiny")
-    registry.add_variant_candidate(TASK, base="tiny", variant="onnx")
-    registry.add_variant_candidate(TASK, base="tiny", variant="onnx-int8")
+    registry.add_variant_candidate(TASK, base="tiny", variant="onnx", build=build_variant)
+    registry.add_variant_candidate(TASK, base="tiny", variant="onnx-int8", build=build_variant)
     try:
         yield registry
     finally:
@@ -90,7 +95,7 @@ def test_a_variant_is_a_fingerprinted_model_with_lineage(
     np.testing.assert_allclose(got, expected, atol=1e-5)
     # The same variant on a second task is the same model, not a second export.
     add_task(reg, "legal-two", suite=SUITE)
-    again = reg.add_variant_candidate("legal-two", base="tiny", variant="onnx")
+    again = reg.add_variant_candidate("legal-two", base="tiny", variant="onnx", build=build_variant)
     assert again.base_model == "tiny-onnx"
     derived = [a for a in reg.audit_log() if a.action == "model.derive"]
     assert len(derived) == 2 and {a.detail["variant"] for a in derived} == {"onnx", "onnx-int8"}
@@ -121,7 +126,7 @@ def test_a_variant_worse_than_the_margin_is_not_promoted(reg: Registry) -> None:
     task = "legal-margin"
     add_task(reg, task, suite=SUITE, margin=0.01)
     reg.add_candidate(task, name="src", base="tiny")
-    reg.add_variant_candidate(task, base="tiny", variant="onnx-int8")
+    reg.add_variant_candidate(task, base="tiny", variant="onnx-int8", build=build_variant)
     record_run(reg, task, "src", 0.50, noise=0.01)
     reg.promote(task, "src", reason="first champion")
     record_run(reg, task, "tiny-onnx-int8", 0.48, noise=0.01)
@@ -146,12 +151,12 @@ def test_what_a_variant_cannot_be_is_refused_in_one_line(
     (classifier / "config.json").write_text(json.dumps(config))
     reg.add_model("clf", path=classifier)
     with pytest.raises(InvalidInput, match="sequence classifier"):
-        reg.add_variant_candidate(TASK, base="clf", variant="onnx")
+        reg.add_variant_candidate(TASK, base="clf", variant="onnx", build=build_variant)
     with pytest.raises(InvalidInput, match="already an onnx variant of 'tiny'"):
-        reg.derive_model("tiny-onnx", "onnx-int8")
+        reg.derive_model("tiny-onnx", "onnx-int8", build=build_variant)
     add_task(reg, "legal-rerank", suite="rerank-suite", kind="rerank")
     with pytest.raises(InvalidInput, match="embeds only and serves retrieval tasks"):
-        reg.add_variant_candidate("legal-rerank", base="tiny", variant="onnx")
+        reg.add_variant_candidate("legal-rerank", base="tiny", variant="onnx", build=build_variant)
     with pytest.raises(InvalidInput, match="only the Python runtime"):
         reg.set_model_runtimes("tiny-onnx", ["torch", "candle"])
 
@@ -192,3 +197,39 @@ def test_the_runtime_embeds_with_a_variant_and_refuses_other_ops(
     head = build_tiny_head(tiny_model_path, tmp_path / "head", kind="score")
     with pytest.raises(ModelLoadError, match="ONNX variant: it embeds only"):
         pool.load("v-head", ModelSpec(base_path=folder, adapter_path=head))
+
+
+def test_the_registry_builds_variants_through_the_shell() -> None:
+    """The registry imports no serving code (docs/architecture.md): it derives a variant through
+    the builder its caller passes, and the runtime's list of variants is the registry's."""
+    from serving.runtime.onnx_variant import VARIANTS
+
+    assert tuple(MODEL_VARIANTS) == VARIANTS
+    code = (
+        "import sys, registry, registry.api, registry.variants; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('serving', 'evals', 'finetune', 'taskfleet')); print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_rest_adds_a_variant_candidate_through_the_shells_builder(reg: Registry) -> None:
+    from fastapi.testclient import TestClient
+
+    from registry.api import create_app
+
+    add_task(reg, "legal-rest", suite=SUITE)
+    body = {"base": "tiny", "variant": "onnx"}
+    no_builder = TestClient(create_app(reg, require_auth=False))
+    r = no_builder.post("/api/v1/tasks/legal-rest/candidates", json=body)
+    assert r.status_code == 501 and r.json()["error"]["code"] == "NOT_IMPLEMENTED"
+    client = TestClient(create_app(reg, require_auth=False, build_variant=build_variant))
+    r = client.post("/api/v1/tasks/legal-rest/candidates", json={**body, "variant": "fp16"})
+    assert r.status_code == 400 and "unknown variant 'fp16'" in r.json()["error"]["message"]
+    # The onnx variant of `tiny` exists already (the module's fixture): reused, not exported.
+    r = client.post("/api/v1/tasks/legal-rest/candidates", json=body)
+    assert r.status_code == 201, r.text
+    assert (r.json()["name"], r.json()["base_model"]) == ("tiny-onnx", "tiny-onnx")

@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from registry.runtimes import MODEL_VARIANTS
 from serving.runtime.encoder import VARIANT_MANIFEST, embedding_dimension
 
+#: The variants this module builds; the registry's vocabulary (registry.runtimes.MODEL_VARIANTS)
+#: names the same ones (a test checks), since the runtime imports nothing of the registry.
+VARIANTS = ("onnx", "onnx-int8")
 ONNX_FILE = "model.onnx"
 #: Files of the source folder a variant keeps: tokenizer and configs, never torch weights.
 _KEPT_FILES = (
@@ -61,17 +63,20 @@ def read_variant(folder: Path) -> dict[str, Any] | None:
 
 
 def check_variant(variant: str) -> str:
-    if variant not in MODEL_VARIANTS:
-        raise VariantError(f"unknown variant {variant!r}; known: {', '.join(MODEL_VARIANTS)}")
+    if variant not in VARIANTS:
+        raise VariantError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     return variant
 
 
 # ---------------------------------------------------------------------------- export
 
 
-def export_variant(source: Path, target: Path, variant: str, *, source_sha256: str) -> None:
+def export_variant(
+    source: Path, target: Path, variant: str, *, source_sha256: str
+) -> dict[str, Any]:
     """Write the ``variant`` of the sentence-transformers folder ``source`` into ``target``
-    (an empty or missing folder), checking its vectors against torch's on sample texts."""
+    (an empty or missing folder), checking its vectors against torch's on sample texts;
+    returns the manifest written beside the graph."""
     from sentence_transformers import SentenceTransformer
 
     check_variant(variant)
@@ -160,6 +165,7 @@ def export_variant(source: Path, target: Path, variant: str, *, source_sha256: s
             f"the ONNX export of {source} differs from torch by {diff:.2e} "
             f"(more than {FP32_TOLERANCE:g}); refusing it"
         )
+    return manifest
 
 
 class _Pipeline(torch.nn.Module):
