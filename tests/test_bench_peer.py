@@ -30,6 +30,8 @@ def test_smoke_without_infinity(tmp_path: Path, tiny_model_path: Path) -> None:
     assert "| taskfleet-onnx-int8 |" in text
     assert "51 checked, 0 wrong" in text  # 24 x 1 + 24 x 8 + 3 single requests
     assert "its in-process vectors vs torch's: cos mean" in text
+    # Where the time went, from /proc and the sidecar's /metrics: the model's runtime named.
+    assert "x 1 text: CPU-ms per text by process" in text and "runtime (model) " in text
     assert "**infinity-torch not measured**: no infinity-emb in" in text
     assert "No peer was measured in this run" in text
     assert (tmp_path / "peer.png").stat().st_size > 1000
