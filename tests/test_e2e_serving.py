@@ -97,30 +97,40 @@ def test_placement_status_reaches_the_registry(fleet: LocalFleet, placed: str) -
     assert 0 < worker.memory_used <= worker.memory_budget == fleet.memory_budget_bytes
 
 
-def test_an_onnx_variant_serves_the_sources_vectors(
+def test_onnx_variants_serve_their_in_process_vectors(
     fleet: LocalFleet, tiny_model_path: Path
 ) -> None:
-    """`candidate add --variant onnx` promoted: the Python runtime runs ONNX Runtime behind the
-    same socket protocol, and the gateway returns the source's in-process vectors."""
+    """`candidate add --variant onnx|onnx-int8` promoted: the Python runtime runs ONNX Runtime
+    behind the same socket protocol, and the gateway returns the variant's in-process vectors
+    (for fp32 the source's; for int8 each text's own, whatever it was batched with)."""
+    from serving.runtime.onnx_variant import OnnxModel
+
     reg = fleet.reg
-    task = unique_task("onnx")
-    add_task(reg, task, suite="test-suite")
     try:
         reg.get_model("tiny-src")
     except Exception:
         reg.add_model("tiny-src", path=tiny_model_path)
-    candidate = reg.add_variant_candidate(
-        task, base="tiny-src", variant="onnx", build=build_variant
-    )
-    placed = reg.promote(task, candidate.name, override=True, reason="test: no eval run")
-    try:
-        fleet.serving(task, placed.epoch)
-    except AssertionError:
-        pytest.fail(f"no worker serves the variant:\n{fleet.logs()}")
-    expected = _in_process(tiny_model_path, TEXTS)
-    with Client(fleet.gateway_url) as client:
-        result = client.embed_with_info(task, TEXTS, kind="passage")
-        single = client.embed(task, TEXTS[1], kind="passage")
-    np.testing.assert_allclose(result.vectors, expected, atol=1e-5)
-    np.testing.assert_allclose(single[0], expected[1], atol=1e-5)
-    assert result.model_key.startswith("tiny-src-onnx")
+    source = _in_process(tiny_model_path, TEXTS)
+    for variant in ("onnx", "onnx-int8"):
+        task = unique_task(variant.replace("-", ""))
+        add_task(reg, task, suite="test-suite")
+        candidate = reg.add_variant_candidate(
+            task, base="tiny-src", variant=variant, build=build_variant
+        )
+        placed = reg.promote(task, candidate.name, override=True, reason="test: no eval run")
+        try:
+            fleet.serving(task, placed.epoch)
+        except AssertionError:
+            pytest.fail(f"no worker serves the {variant} variant:\n{fleet.logs()}")
+        model = OnnxModel(reg.model_path(candidate.name))
+        expected = np.stack([model.encode([text])[0] for text in TEXTS])
+        with Client(fleet.gateway_url) as client:
+            result = client.embed_with_info(task, TEXTS, kind="passage")
+            single = client.embed(task, TEXTS[1], kind="passage")
+        # fp32 padding moves a vector by rounding only; int8 runs each text alone.
+        atol = 1e-5 if variant == "onnx" else 1e-6
+        np.testing.assert_allclose(result.vectors, expected, atol=atol)
+        np.testing.assert_allclose(single[0], expected[1], atol=atol)
+        if variant == "onnx":
+            np.testing.assert_allclose(result.vectors, source, atol=1e-5)
+        assert result.model_key.startswith(f"tiny-src-{variant}")

@@ -199,6 +199,25 @@ def test_the_runtime_embeds_with_a_variant_and_refuses_other_ops(
         pool.load("v-head", ModelSpec(base_path=folder, adapter_path=head))
 
 
+def test_an_int8_vector_is_the_same_alone_and_in_any_batch(reg: Registry) -> None:
+    """Dynamic quantisation scales activations per call: int8 runs each text alone, unpadded,
+    so a text's vector does not depend on the texts batched with it (padding included)."""
+    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.onnx_variant import OnnxModel
+    from serving.runtime.pool import EncodeItem, ModelPool
+
+    model = OnnxModel(reg.model_path("tiny-onnx-int8"))
+    others = ["kurz", TEXTS[0] * 3, "ein mittellanger Satz über das Mietrecht", *TEXTS[1:]]
+    batch = model.encode([*others, TEXTS[0]])
+    alone = model.encode([TEXTS[0]])[0]
+    np.testing.assert_allclose(batch[-1], alone, atol=1e-6)
+    np.testing.assert_allclose(model.encode(others), batch[:-1], atol=1e-6)
+    pool = ModelPool(device="cpu", max_batch_tokens=None, max_batch_size=None)
+    pool.load("v", ModelSpec(base_path=reg.model_path("tiny-onnx-int8")))
+    (pooled,) = pool.encode([EncodeItem("v", "passage", [*others, TEXTS[0]])])
+    np.testing.assert_allclose(pooled, batch, atol=1e-6)
+
+
 def test_the_registry_builds_variants_through_the_shell() -> None:
     """The registry imports no serving code (docs/architecture.md): it derives a variant through
     the builder its caller passes, and the runtime's list of variants is the registry's."""

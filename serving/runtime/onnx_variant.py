@@ -7,8 +7,9 @@ source's sha256, the sequence limit, the export versions). The registry stores i
 content-addressed like any base model, with lineage to its source (``registry/variants.py``);
 the runtime and the eval harness load it with ONNX Runtime through ``OnnxModel``, which offers
 the part of the SentenceTransformer interface that ``Encoder`` uses, so batching, padding-aware
-planning and the socket protocol are the same as for torch. A variant embeds only: it carries no
-LoRA adapter and no score/classify head.
+planning and the socket protocol are the same as for torch; inside a pass, ``onnx-int8`` runs
+each text alone (``OnnxModel.one_text_per_call``). A variant embeds only: it carries no LoRA
+adapter and no score/classify head.
 """
 
 from __future__ import annotations
@@ -239,15 +240,42 @@ class OnnxModel:
 
     def __call__(self, features: dict[str, Any]) -> dict[str, Any]:
         feeds = {name: _int64(features[name]) for name in self.inputs}
+        if self.one_text_per_call:
+            vectors = np.concatenate([self._run(row) for row in _unpadded_rows(feeds)])
+        else:
+            vectors = self._run(feeds)
+        return {"sentence_embedding": torch.from_numpy(vectors)}
+
+    @property
+    def one_text_per_call(self) -> bool:
+        """Whether each text runs alone and unpadded. Dynamic quantisation (``onnx-int8``)
+        scales the activations per call, over the whole tensor, padding included: in a batch a
+        text's vector would depend on the texts beside it (cos down to 0.987 for MiniLM), and a
+        fleet reply would differ from the same text in-process. Alone, a vector is a function of
+        the text, in the eval harness and the runtime alike; fp32 needs no such rule."""
+        return self.variant == "onnx-int8"
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         (vectors,) = self.session.run(["sentence_embedding"], feeds)
-        return {"sentence_embedding": torch.from_numpy(np.asarray(vectors, dtype=np.float32))}
+        return np.asarray(vectors, dtype=np.float32)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """All texts in one pass (export checks and tests)."""
+        """All texts in one pass, as ``Encoder`` would send them (export checks and tests)."""
         return self(self.preprocess(texts))["sentence_embedding"].numpy()
 
     def eval(self) -> OnnxModel:
         return self
+
+
+def _unpadded_rows(feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """One feed per row, holding only the row's real tokens (where its attention mask is 1,
+    so either padding side works); without a mask, the whole row."""
+    mask = feeds.get("attention_mask")
+    rows = []
+    for i in range(next(iter(feeds.values())).shape[0]):
+        keep = np.flatnonzero(mask[i]) if mask is not None else slice(None)
+        rows.append({name: value[i : i + 1, keep] for name, value in feeds.items()})
+    return rows
 
 
 def _int64(value: Any) -> np.ndarray:
