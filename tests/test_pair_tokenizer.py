@@ -21,7 +21,7 @@ def synthetic_pairs() -> list[tuple[str, str]]:
     return [*pairs, *edges]
 
 
-def real_pairs(queries: int = 8) -> list[tuple[str, str]]:
+def real_pairs(queries: int = 3) -> list[tuple[str, str]]:
     """GerLayQA test pairs: ~1,000-character questions with BGB paragraphs (most get cut)."""
     if not DATA.is_dir():
         return []
