@@ -564,19 +564,25 @@ def load_sentence_transformer(spec: ModelSpec, *, device: str = "cpu") -> Any:
 def load_onnx_variant(spec: ModelSpec) -> Any:
     """An ONNX variant folder (serving/runtime/onnx_variant.py), run by ONNX Runtime; it embeds
     only, so an adapter (LoRA or head) is refused."""
-    from serving.runtime.onnx_variant import OnnxModel, VariantError
+    from serving.runtime.onnx_variant import OnnxModel
 
-    if spec.adapter_path is not None:
-        raise ModelLoadError(
-            f"{spec.base_path} is an ONNX variant: it cannot apply the adapter {spec.adapter_path}"
-        )
+    refuse_adapter_on_variant(spec)
     try:
         model = OnnxModel(spec.base_path)
-    except (VariantError, Exception) as exc:  # onnxruntime raises its own types for a bad graph
+    except Exception as exc:  # VariantError, or onnxruntime's own types for a bad graph
         raise ModelLoadError(f"cannot load ONNX variant from {spec.base_path}: {exc}") from exc
     if spec.max_seq_length is not None:
         model.max_seq_length = spec.max_seq_length
     return model
+
+
+def refuse_adapter_on_variant(spec: ModelSpec) -> None:
+    """A variant embeds only: a spec pairing one with an adapter (LoRA or head) is refused."""
+    if spec.adapter_path is not None and (spec.base_path / VARIANT_MANIFEST).is_file():
+        raise ModelLoadError(
+            f"{spec.base_path} is an ONNX variant: it embeds only and cannot apply the "
+            f"adapter {spec.adapter_path}"
+        )
 
 
 def is_onnx_variant(model: Any) -> bool:

@@ -29,7 +29,6 @@ from serving.protocol import ModelStats, TextKind
 from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
-    VARIANT_MANIFEST,
     Encoder,
     ModelLoadError,
     ModelSpec,
@@ -39,6 +38,7 @@ from serving.runtime.encoder import (
     has_lora,
     is_onnx_variant,
     load_sentence_transformer,
+    refuse_adapter_on_variant,
 )
 from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head, with_head_limit
 from serving.runtime.scorer import Scorer
@@ -150,11 +150,7 @@ class ModelPool:
     def load(self, model_key: str, spec: ModelSpec) -> int:
         """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
         check_adapter_folder(spec.adapter_path)
-        if spec.adapter_path is not None and (spec.base_path / VARIANT_MANIFEST).is_file():
-            raise ModelLoadError(
-                f"{spec.base_path} is an ONNX variant: it embeds only and cannot apply the "
-                f"adapter {spec.adapter_path}"
-            )
+        refuse_adapter_on_variant(spec)
         try:
             spec = with_head_limit(spec)
         except HeadError as exc:
