@@ -45,6 +45,32 @@ class RetrievalSplit:
         )
 
 
+def parse_json(text: str, where: str) -> Any:
+    """One JSON document of a suite file; every way it can fail is one line naming `where`
+    (`file:line`): malformed, nested too deeply for the parser, or a number too long to hold."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SuiteDataError(f"{where}: malformed JSON ({exc.msg})") from None
+    except RecursionError:
+        raise SuiteDataError(f"{where}: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise SuiteDataError(f"{where}: a JSON value is too large ({exc})") from None
+
+
+def read_text(path: Path) -> str:
+    """A whole suite file as text (UTF-8); a missing, unreadable or undecodable file is one
+    line naming it."""
+    if not path.is_file():
+        raise SuiteDataError(f"missing file: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SuiteDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise SuiteDataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
 def iter_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of a JSON-lines file; blank lines are skipped, a malformed
     line is an error naming the file and line. Every reader of suite data uses this."""
@@ -55,12 +81,17 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
             for number, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SuiteDataError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+                yield number, parse_json(line, f"{path}:{number}")
     except UnicodeDecodeError as exc:
         raise SuiteDataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise SuiteDataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value from the user's data as an error message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -88,7 +119,7 @@ def read_corpus(path: Path) -> dict[str, str]:
     for number, row in read_jsonl(path):
         if row["_id"] in corpus:
             raise SuiteDataError(
-                f"{path}:{number}: duplicate document id {row['_id']!r} "
+                f"{path}:{number}: duplicate document id {shown(row['_id'])} "
                 f"(first on line {first[row['_id']]})"
             )
         corpus[row["_id"]] = doc_text(row)
@@ -104,7 +135,7 @@ def read_queries(path: Path) -> dict[str, str]:
     for number, row in read_jsonl(path):
         if row["_id"] in queries:
             raise SuiteDataError(
-                f"{path}:{number}: duplicate query id {row['_id']!r} "
+                f"{path}:{number}: duplicate query id {shown(row['_id'])} "
                 f"(first on line {first[row['_id']]})"
             )
         queries[row["_id"]] = str(row.get("text", "")).strip()
@@ -117,22 +148,34 @@ def read_qrels(path: Path) -> Qrels:
     qrels: Qrels = {}
     if not path.is_file():
         raise SuiteDataError(f"missing file: {path}")
-    with path.open(encoding="utf-8", newline="") as fh:
-        for number, fields in enumerate(csv.reader(fh, delimiter="\t"), start=1):
-            if not fields or all(not f.strip() for f in fields):
-                continue
-            if number == 1 and fields[0].strip().lower() in {"query-id", "query_id", "qid"}:
-                continue
-            if len(fields) != 3:
-                raise SuiteDataError(f"{path}:{number}: expected 3 tab-separated fields")
-            qid, did, score = (f.strip() for f in fields)
-            try:
-                relevance = int(float(score))
-            except ValueError:
-                raise SuiteDataError(f"{path}:{number}: score {score!r} is not a number") from None
-            if did in qrels.get(qid, {}):
-                raise SuiteDataError(f"{path}:{number}: duplicate judgement of {qid!r} / {did!r}")
-            qrels.setdefault(qid, {})[did] = relevance
+    number = 0
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            for number, fields in enumerate(csv.reader(fh, delimiter="\t"), start=1):
+                if not fields or all(not f.strip() for f in fields):
+                    continue
+                if number == 1 and fields[0].strip().lower() in {"query-id", "query_id", "qid"}:
+                    continue
+                if len(fields) != 3:
+                    raise SuiteDataError(f"{path}:{number}: expected 3 tab-separated fields")
+                qid, did, score = (f.strip() for f in fields)
+                try:
+                    relevance = int(float(score))
+                except (ValueError, OverflowError):  # not a number, nan, inf
+                    raise SuiteDataError(
+                        f"{path}:{number}: score {shown(score)} is not a finite number"
+                    ) from None
+                if did in qrels.get(qid, {}):
+                    raise SuiteDataError(
+                        f"{path}:{number}: duplicate judgement of {shown(qid)} / {shown(did)}"
+                    )
+                qrels.setdefault(qid, {})[did] = relevance
+    except UnicodeDecodeError as exc:
+        raise SuiteDataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except csv.Error as exc:  # a field above csv's size limit, a NUL byte
+        raise SuiteDataError(f"{path}:{number + 1}: unreadable line ({exc})") from None
+    except OSError as exc:
+        raise SuiteDataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return qrels
 
 

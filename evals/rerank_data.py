@@ -12,7 +12,15 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.beir import Qrels, iter_json_lines, judged_queries, read_corpus, read_qrels, read_queries
+from evals.beir import (
+    Qrels,
+    iter_json_lines,
+    judged_queries,
+    read_corpus,
+    read_qrels,
+    read_queries,
+    shown,
+)
 from evals.errors import SuiteDataError
 
 
@@ -77,20 +85,20 @@ def read_top_ranked(
             )
         if qid in lists:
             raise SuiteDataError(
-                f"{where}: duplicate query id {qid!r} (first on line {first[qid]})"
+                f"{where}: duplicate query id {shown(qid)} (first on line {first[qid]})"
             )
         if qid not in queries:
-            raise SuiteDataError(f"{where}: query id {qid!r} is not in queries.jsonl")
+            raise SuiteDataError(f"{where}: query id {shown(qid)} is not in queries.jsonl")
         if not ids:
-            raise SuiteDataError(f"{where}: query {qid!r} has no candidates")
+            raise SuiteDataError(f"{where}: query {shown(qid)} has no candidates")
         seen: set[str] = set()
         for doc in ids:
             if not isinstance(doc, str):
                 raise SuiteDataError(f"{where}: 'corpus-ids' must hold strings")
             if doc not in corpus:
-                raise SuiteDataError(f"{where}: candidate {doc!r} is not in corpus.jsonl")
+                raise SuiteDataError(f"{where}: candidate {shown(doc)} is not in corpus.jsonl")
             if doc in seen:
-                raise SuiteDataError(f"{where}: candidate {doc!r} is listed twice")
+                raise SuiteDataError(f"{where}: candidate {shown(doc)} is listed twice")
             seen.add(doc)
         lists[qid] = list(ids)
         first[qid] = number
@@ -121,7 +129,8 @@ def load_split(folder: Path, split: str) -> RerankSplit:
     scored = [q for q in all_queries if q in lists and q in qrels]
     if not scored:
         raise SuiteDataError(f"split {split!r} has no query with candidates and a judgement")
-    missed = sum(1 for q in scored for d in qrels[q] if d not in set(lists[q]))
+    listed = {q: set(lists[q]) for q in scored}
+    missed = sum(1 for q in scored for d in qrels[q] if d not in listed[q])
     if missed:
         warnings.append(
             f"{missed} relevant document(s) in {split!r} are not among their query's candidates; "

@@ -20,6 +20,7 @@ from evals.report import run_markdown
 from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
 from evals.suites import RERANK, SuiteSpec, spec_from_record
+from evals.tracking import log_eval_run, per_class_metric
 from registry.kinds import CANDIDATE_KINDS
 from registry.provenance import code_version
 from registry.stats import paired_run_difference
@@ -253,9 +254,8 @@ def _log_to_mlflow(
     metrics.update({f"cost_{k}": v for k, v in result.cost.items()})
     if result.details is not None:
         per_class = result.details.get("per_class_f1", {})
-        metrics.update({f"f1_{label}": value for label, value in per_class.items()})
+        metrics.update({per_class_metric(label): value for label, value in per_class.items()})
     metrics["wall_seconds"] = result.wall_seconds
-    from evals.tracking import log_eval_run
 
     try:
         return log_eval_run(
