@@ -143,10 +143,16 @@ def error_body(code: str, message: str, retryable: bool = False) -> dict[str, An
     return {"error": {"code": str(code), "message": message, "retryable": retryable}}
 
 
+# Messages often quote what the caller sent (a name, a path, a key); an answer must not grow
+# with it (an unknown-field error once echoed a 2.6 MB key), so longer ones are cut.
+MAX_MESSAGE_CHARS = 2000
+
+
 class ApiError(Exception):
     """A failure that the edge answers in the public shape: a code, a status, a message.
 
-    Subclasses set ``code`` (and so the status); a single instance may override each.
+    Subclasses set ``code`` (and so the status); a single instance may override each. A
+    message above ``MAX_MESSAGE_CHARS`` is cut there, saying how much was left out.
     """
 
     code: str = ErrorCode.INTERNAL
@@ -162,6 +168,9 @@ class ApiError(Exception):
         retryable: bool | None = None,
         retry_after_s: int | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            left_out = len(message) - MAX_MESSAGE_CHARS
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({left_out} more characters left out)"
         super().__init__(message)
         self.message = message
         self.code = str(code or type(self).code)

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -53,13 +53,18 @@ def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def validation_message(exc: RequestValidationError) -> str:
+def validation_message(exc: RequestValidationError | ValidationError) -> str:
     """The first problem of a request that does not match its schema, as one line."""
     errors = exc.errors()
     first = errors[0] if errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()))
+    # A location names what the caller sent (an unknown field's key): shown, but bounded.
+    where = ".".join(_clipped(str(p)) for p in first.get("loc", ()))
     message = f"{where}: {first.get('msg', 'invalid request')}"
     return message if len(errors) <= 1 else f"{message} (and {len(errors) - 1} more)"
+
+
+def _clipped(part: str, limit: int = 64) -> str:
+    return part if len(part) <= limit else part[: limit - 3] + "..."
 
 
 def install_error_handlers(app: FastAPI, *, html: HtmlErrorPage | None = None) -> None:
@@ -97,7 +102,11 @@ def install_error_handlers(app: FastAPI, *, html: HtmlErrorPage | None = None) -
 
 class BodyLimit:
     """413 `PAYLOAD_TOO_LARGE` for a request body above `max_bytes`, before the app reads it
-    all (FastAPI parses a JSON body before the route's auth dependency runs)."""
+    all (FastAPI parses a JSON body before the route's auth dependency runs).
+
+    A declared `Content-Length` above the limit is refused unread. A chunked body is counted
+    as it arrives; past the limit the app's read fails, and whatever the app answers to that
+    (FastAPI's body parser turns any failure into its own 400) is replaced by the 413."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -116,12 +125,14 @@ class BodyLimit:
             await error_response(too_large)(scope, receive, send)
             return
         seen = 0
+        exceeded = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
+                exceeded = True
                 raise _TooLarge
             return message
 
@@ -129,6 +140,11 @@ class BodyLimit:
 
         async def tracked(message: Message) -> None:
             nonlocal started
+            if exceeded:  # the app's answer to a read we cut short: ours goes instead
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await error_response(too_large)(scope, _no_body, send)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
@@ -138,6 +154,10 @@ class BodyLimit:
             if started:
                 raise
             await error_response(too_large)(scope, receive, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 class _TooLarge(Exception):

@@ -11,12 +11,13 @@ shown to admins only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from starlette.requests import Request
 
 from registry.entities import ApiKey, Worker
 from registry.errors import PermissionDenied, Unauthenticated
-from registry.keys import key_prefix
+from registry.fingerprint import link_fence
 from registry.promotions import PROMOTE_ROLES
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
@@ -91,6 +92,35 @@ class ControlPlane:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     read_suite: SuiteReader | None = None  # reads suite folders for POST /api/v1/suites
     build_variant: VariantBuilder | None = None  # builds `variant` candidates (POST candidates)
+    # Folders REST may register base models and adapters from (TASKFLEET_MODEL_ROOTS); none:
+    # REST registers models by package only. The CLI acts as a local admin and is not bound.
+    model_roots: tuple[Path, ...] = ()
+
+    def model_path(self, given: str, what: str) -> Path:
+        """A REST caller's model or adapter folder, resolved, if it lies inside a model root
+        (links followed first, so a link cannot lead out of the roots)."""
+        if not self.model_roots:
+            raise PermissionDenied(
+                f"this control plane registers no {what} folders over REST: set "
+                "TASKFLEET_MODEL_ROOTS (or --model-root) to the folders it may read, or use "
+                "the CLI on the control plane's machine"
+            )
+        folder = Path(given).expanduser().resolve()
+        roots = [root.expanduser().resolve() for root in self.model_roots]
+        inside = [root for root in roots if folder.is_relative_to(root)]
+        if not inside:
+            raise PermissionDenied(
+                f"{what} folder {folder} is outside the model roots "
+                f"({', '.join(str(r) for r in roots)}) this control plane may read"
+            )
+        if what == "model":  # a Hugging Face snapshot's files link into its cache repo
+            fence = link_fence(folder)
+            if not any(fence.is_relative_to(root) for root in inside):
+                raise PermissionDenied(
+                    f"model folder {folder} is a Hugging Face cache snapshot whose files link "
+                    f"into {fence}, outside the model roots; make a root of {fence} or above"
+                )
+        return folder
 
 
 def visible_workers(workers: list[Worker], who: Principal) -> list[Worker]:
@@ -112,17 +142,18 @@ LOCAL_ADMIN = Principal("local", ("admin",), signed_in=False)
 
 
 def client_of(request: Request) -> str:
-    """Who is asking, for throttling: the peer address (behind a proxy: the proxy's)."""
+    """Who is asking, for throttling: the peer address, or the client a configured proxy
+    forwards (uvicorn rewrites the peer only for `--forwarded-allow-ips`)."""
     return request.client.host if request.client else "unknown"
 
 
 def authenticate(registry: Registry, throttle: LoginThrottle, token: str, client: str) -> ApiKey:
-    """The key of a bearer token or a login form, throttled per client and per key prefix:
-    a throttled attempt answers 429 before the key is even looked at."""
-    prefix = key_prefix(token)
-    throttle.check(client, prefix)
+    """The key of a bearer token or a login form, throttled per client: a throttled client's
+    attempt answers 429 before the key is even looked at. Failures count against the client
+    only, never against the key, so nobody can lock another's key out."""
+    throttle.check(client)
     try:
         return registry.authenticate(token)
     except Unauthenticated:
-        throttle.failed(client, prefix)
+        throttle.failed(client)
         raise

@@ -4,7 +4,8 @@ one public error shape of `httpapi`; the dashboard shows people the same facts a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,6 +15,7 @@ from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
 from registry.access import ControlPlane
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
+from registry.edge import HostCheck, SecurityHeaders
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
@@ -33,6 +35,8 @@ def create_app(
     health: Callable[[], dict[str, Any]] | None = None,
     read_suite: SuiteReader | None = None,
     build_variant: VariantBuilder | None = None,
+    model_roots: Sequence[Path] = (),
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
@@ -40,7 +44,10 @@ def create_app(
     `read_suite` lets `POST /api/v1/suites` read suite folders (the shell wires the eval harness
     in: the registry must not import it); without it that route answers 501 NOT_IMPLEMENTED.
     `build_variant` likewise lets `POST .../candidates` with a `variant` build it (the shell
-    wires serving's ONNX export in); without it such a body answers 501."""
+    wires serving's ONNX export in); without it such a body answers 501. `model_roots`: the
+    folders REST may register models and adapters from (none: by package only).
+    `allowed_hosts`: the Host header values answered (registry/edge.py); None: any (the shell
+    always passes a list, tests' in-process clients need none)."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -50,7 +57,12 @@ def create_app(
         redoc_url=None,
     )
     control = ControlPlane(
-        registry, require_auth, throttle or LoginThrottle(), read_suite, build_variant
+        registry,
+        require_auth=require_auth,
+        throttle=throttle or LoginThrottle(),
+        read_suite=read_suite,
+        build_variant=build_variant,
+        model_roots=tuple(model_roots),
     )
     app.state.control = control
     app.state.health = health
@@ -65,4 +77,9 @@ def create_app(
     # Bodies here are small JSON documents and forms; anything bigger is refused unread.
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     install_error_handlers(app, html=error_page)
+    # Outermost: a foreign Host is refused before anything runs, and every answer (refusals
+    # and last-resort 500s included) carries the security headers.
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=list(allowed_hosts))
+    app.add_middleware(SecurityHeaders)
     return app

@@ -29,15 +29,15 @@ def tree_files(root: Path, *, regular_only: bool = False) -> list[Path]:
     `regular_only` (what the artifact store needs): a symlink or a special file (fifo, socket,
     device) anywhere under root is refused with `InvalidInput` naming it, instead of being
     followed (its target's bytes copied in) or silently left out.
+
+    Otherwise (a base model, registered in place): symbolic links are followed only while they
+    stay inside :func:`link_fence` of root - the folder itself, or the Hugging Face cache repo
+    of a snapshot folder. A link that leaves it is refused with `InvalidInput` naming it, so
+    registering a folder never hashes, uploads and caches on workers a file from elsewhere
+    (`/etc/...`, the control plane's own secrets). Dangling links and special files are left
+    out, as they are not content.
     """
-    if regular_only:
-        files = list(_regular_files(root))
-    else:
-        files = [
-            p
-            for p in root.rglob("*")
-            if p.is_file() and not any(part in _SKIP_NAMES for part in p.relative_to(root).parts)
-        ]
+    files = _regular_files(root) if regular_only else _contained_files(root)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -63,6 +63,55 @@ def _regular_files(folder: Path) -> list[Path]:
                     f"{path} is not a regular file (a fifo, socket or device); artifacts hold "
                     "regular files only"
                 )
+    return found
+
+
+def link_fence(folder: Path) -> Path:
+    """Where the symbolic links of a base-model folder may point: inside the folder itself, or,
+    for a Hugging Face cache snapshot (`<cache>/models--org--name/snapshots/<revision>`, whose
+    files link to `../../blobs/<sha256>`), inside that cache repo `models--org--name`."""
+    real = folder.resolve()
+    snapshots, repo = real.parent, real.parent.parent
+    in_cache = snapshots.name == "snapshots" and repo.name.startswith("models--")
+    return repo if in_cache and (repo / "blobs").is_dir() else real
+
+
+def _contained_files(root: Path) -> list[Path]:
+    fence = link_fence(root)
+    found: list[Path] = []
+    seen: set[Path] = set()  # real folders walked: a link back up must not loop
+
+    def walk(folder: Path) -> None:
+        real_folder = folder.resolve()
+        if real_folder in seen:
+            return
+        seen.add(real_folder)
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name in _SKIP_NAMES:
+                    continue
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    try:
+                        target = path.resolve(strict=True)
+                    except (OSError, RuntimeError):  # dangling, or a loop of links
+                        continue
+                    if not target.is_relative_to(fence):
+                        raise InvalidInput(
+                            f"{path} is a symbolic link to {target}, outside {fence}: a base "
+                            "model's links may point only inside its folder (or, for a Hugging "
+                            "Face cache snapshot, inside its cache repo); copy the file in"
+                        )
+                try:
+                    mode = path.stat().st_mode
+                except OSError:
+                    continue
+                if stat.S_ISDIR(mode):
+                    walk(path)
+                elif stat.S_ISREG(mode):
+                    found.append(path)
+
+    walk(root)
     return found
 
 

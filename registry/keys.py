@@ -14,6 +14,7 @@ from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticat
 from registry.models import ApiKeyRow, utcnow
 
 ROLES = ("viewer", "promoter", "admin", "caller")
+MAX_TOKEN_CHARS = 256  # tokens are ~45 characters
 # The token helpers live in `httpapi.tokens` (the gateway reads tokens without a registry).
 __all__ = ["ROLES", "TOKEN_PREFIX", "ApiKeyMixin", "api_key_entity", "bearer_token", "key_prefix"]
 
@@ -56,7 +57,8 @@ class ApiKeyMixin(ServiceBase):
 
     def authenticate(self, token: str) -> e.ApiKey:
         prefix = key_prefix(token)
-        if prefix is None:
+        # A login form can carry what no header can (NUL, any length): refused before a query.
+        if prefix is None or len(token) > MAX_TOKEN_CHARS or "\x00" in token:
             raise Unauthenticated("malformed API key")
         with self._read() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))

@@ -8,7 +8,6 @@ checked against the key's task list before any handler runs, so no route can for
 # No `from __future__ import annotations` here: FastAPI must resolve the `Annotated`
 # dependencies at runtime.
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Security
@@ -170,12 +169,15 @@ def list_models(a: Act) -> list[dict[str, Any]]:
 
 
 @router.post("/models", status_code=201)
-def add_model(body: ModelIn, a: Act) -> dict[str, Any]:
+def add_model(body: ModelIn, request: Request, a: Act) -> dict[str, Any]:
+    """Register a base model from a folder inside the control plane's model roots
+    (TASKFLEET_MODEL_ROOTS), or from an installed package that ships one."""
     a.who.need("admin")
     a.who.need_every_task("a base model")
+    control: ControlPlane = request.app.state.control
     model = a.reg.add_model(
         body.name,
-        path=Path(body.path) if body.path else None,
+        path=control.model_path(body.path, "model") if body.path else None,
         package=body.package,
         query_prefix=body.query_prefix,
         passage_prefix=body.passage_prefix,
@@ -194,13 +196,15 @@ def list_adapters(a: Act, base: str | None = None) -> list[dict[str, Any]]:
 
 
 @router.post("/adapters", status_code=201)
-def register_adapter(body: AdapterIn, a: Act) -> dict[str, Any]:
+def register_adapter(body: AdapterIn, request: Request, a: Act) -> dict[str, Any]:
+    """Copy an adapter folder from inside the control plane's model roots into its store."""
     a.who.need("admin")
     a.who.need_every_task("an adapter")
+    control: ControlPlane = request.app.state.control
     adapter = a.reg.register_adapter(
         body.name,
         base=body.base,
-        source_dir=Path(body.path),
+        source_dir=control.model_path(body.path, "adapter"),
         parent=body.parent,
         training=e.TrainingRecord(**body.training.model_dump()),
     )

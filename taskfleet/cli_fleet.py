@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from taskfleet.console import bold, console, line, styled
 from taskfleet.context import get_settings, open_registry
+from taskfleet.server_options import (
+    ALLOWED_HOSTS,
+    FORWARDED_ALLOW_IPS,
+    INSECURE,
+    MODEL_ROOTS,
+    server_edge,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -28,8 +35,8 @@ if TYPE_CHECKING:
     from serving.connection import NatsOptions
     from serving.dlq import ReplayOutcome
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 T = TypeVar("T")
 
 placement_app = typer.Typer(
@@ -136,9 +143,13 @@ def placement_set(
             f"placement {task}@{placement.epoch} recorded but cannot be served: {exc}"
         ) from None
     out.print(
-        f"placement [bold]{task}[/bold] epoch {placement.epoch}: {placement.candidate} "
-        f"({'pinned' if placement.pinned else 'lazy'}, {placement.replicas} replica(s), "
-        f"model {value.model_key})"
+        line(
+            "placement ",
+            bold(task),
+            f" epoch {placement.epoch}: {placement.candidate} "
+            f"({'pinned' if placement.pinned else 'lazy'}, {placement.replicas} replica(s), "
+            f"model {value.model_key})",
+        )
     )
     url = nats_target_or_none()
 
@@ -187,9 +198,9 @@ def placement_ls(
             s.candidate,
             str(s.desired_epoch),
             f"{'pinned' if s.pinned else 'lazy'} x{s.replicas}",
-            _age(s.published_at) if s.published_at else "[yellow]pending[/yellow]",
+            _age(s.published_at) if s.published_at else styled("pending", "yellow"),
             reported,
-            "[green]yes[/green]" if s.converged else "[yellow]no[/yellow]",
+            styled("yes", "green") if s.converged else styled("no", "yellow"),
         )
     out.print(table)
     workers = Table("worker", "host", "state", "last beat", "loaded", "memory", "queue")
@@ -197,7 +208,7 @@ def placement_ls(
         workers.add_row(
             w.worker_id,
             w.host,
-            "[green]up[/green]" if w.reachable else "[red]silent[/red]",
+            styled("up", "green") if w.reachable else styled("silent", "red"),
             _age(w.seen_at),
             "\n".join(w.loaded) or "-",
             f"{_mb(w.memory_used)} / {_mb(w.memory_budget)}",
@@ -389,11 +400,23 @@ def up(
     http_model: str | None = typer.Option(
         None, "--http-model", help="The engine's model id (default: its only one)."
     ),
+    insecure: bool = INSECURE,
+    forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
+    allowed_host: list[str] | None = ALLOWED_HOSTS,
+    model_root: list[Path] | None = MODEL_ROOTS,
 ) -> None:
     """Start the whole fleet on this machine; Ctrl-C stops everything. `--workers` start torch
     workers; a task is served by the workers of the runtime its placement names."""
     from taskfleet.stack import StackConfig, StackError, StackUrls, run_stack
 
+    edge = server_edge(
+        host,
+        auth=auth,
+        insecure=insecure,
+        forwarded_allow_ips=forwarded_allow_ips,
+        allowed_hosts=allowed_host,
+        model_roots=model_root,
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
     config = StackConfig(
@@ -416,6 +439,9 @@ def up(
         http_model=http_model,
         data_dir=settings.data_dir,
         artifact_source=artifact_source(),
+        forwarded_allow_ips=edge.forwarded_allow_ips,
+        allowed_hosts=edge.allowed_hosts,
+        model_roots=edge.model_roots,
     )
     state = stack_file()
 

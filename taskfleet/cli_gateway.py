@@ -9,16 +9,17 @@ from typing import Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from taskfleet.console import console
 from taskfleet.context import get_settings
+from taskfleet.server_options import FORWARDED_ALLOW_IPS, INSECURE, server_edge
 
 DEFAULT_GATEWAY_PORT = 8700
 DEFAULT_GATEWAY_URL = f"http://127.0.0.1:{DEFAULT_GATEWAY_PORT}"
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 
 def call(
@@ -126,6 +127,8 @@ def gateway(
     auth: bool = typer.Option(
         True, "--auth/--no-auth", help="Require API keys (turn off only on a trusted laptop)."
     ),
+    insecure: bool = INSECURE,
+    forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
 ) -> None:
     """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics).
 
@@ -137,6 +140,7 @@ def gateway(
 
     from serving.gateway import GatewaySettings, create_gateway
 
+    edge = server_edge(host, auth=auth, insecure=insecure, forwarded_allow_ips=forwarded_allow_ips)
     url = get_settings().nats_options(nats_url)
     if url is None:
         raise typer.BadParameter(
@@ -146,4 +150,5 @@ def gateway(
     from serving.httpserver import http_config
 
     app = create_gateway(url, GatewaySettings(require_auth=auth))
-    uvicorn.Server(http_config(app, host, port, "info")).run()
+    config = http_config(app, host, port, "info", forwarded_allow_ips=edge.forwarded_allow_ips)
+    uvicorn.Server(config).run()

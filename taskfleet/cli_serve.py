@@ -10,15 +10,23 @@ import asyncio
 import contextlib
 import logging
 import signal
+from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from taskfleet.console import console
 from taskfleet.context import get_settings, open_registry
+from taskfleet.server_options import (
+    ALLOWED_HOSTS,
+    FORWARDED_ALLOW_IPS,
+    INSECURE,
+    MODEL_ROOTS,
+    server_edge,
+)
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
-out = Console()
+out = console()
 
 
 def serve(
@@ -45,6 +53,10 @@ def serve(
         help="Publish placements and mirror the fleet (one leader among all control planes "
         "on this NATS). --no-publish: the HTTP side only.",
     ),
+    insecure: bool = INSECURE,
+    forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
+    allowed_host: list[str] | None = ALLOWED_HOSTS,
+    model_root: list[Path] | None = MODEL_ROOTS,
 ) -> None:
     """Run the control plane: REST API (OpenAPI docs at /docs), the web dashboard (/) and,
     unless --no-publish, the placement publisher and fleet watcher.
@@ -60,6 +72,14 @@ def serve(
     from taskfleet.suites import rest_suite_reader
     from taskfleet.variants import build_variant
 
+    edge = server_edge(
+        host,
+        auth=auth,
+        insecure=insecure,
+        forwarded_allow_ips=forwarded_allow_ips,
+        allowed_hosts=allowed_host,
+        model_roots=model_root,
+    )
     settings = get_settings()
     registry = open_registry()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -78,8 +98,12 @@ def serve(
             data_root=settings.data_dir, mteb_dir=settings.resolved_home / "suites"
         ),
         build_variant=build_variant,
+        model_roots=edge.model_roots,
+        allowed_hosts=edge.allowed_hosts,
     )
-    server = QuietServer(app, host, port, log_level="info")
+    server = QuietServer(
+        app, host, port, log_level="info", forwarded_allow_ips=edge.forwarded_allow_ips
+    )
     if loops is None:
         _say(
             "not publishing (--no-publish): promotions reach the fleet through another "

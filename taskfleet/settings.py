@@ -65,6 +65,24 @@ class Settings(BaseSettings):
         "dashboard is reached over HTTPS, directly or behind a proxy.",
     )
 
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        description="Proxies whose X-Forwarded-For/-Proto headers the HTTP servers believe: "
+        "IP addresses or networks, comma-separated, or * for every peer; default none (the "
+        "peer address is the client).",
+    )
+    allowed_hosts: str | None = Field(
+        default=None,
+        description="Host header values the control plane answers to, comma-separated "
+        "(*.example.com for subdomains, * for any); default: this machine's own names.",
+    )
+    model_roots: str | None = Field(
+        default=None,
+        description="Folders the control plane's REST API may register base models and "
+        "adapters from, comma-separated; default none (REST registers models by package only; "
+        "the CLI is not bound).",
+    )
+
     @cached_property
     def resolved_home(self) -> Path:
         return self.home.expanduser()
@@ -106,6 +124,12 @@ class Settings(BaseSettings):
             tls_cert=self.nats_tls_cert,
             tls_key=self.nats_tls_key,
         )
+
+    def resolved_model_roots(self, flags: list[Path] | None = None) -> list[Path]:
+        """`--model-root` flags, else TASKFLEET_MODEL_ROOTS."""
+        if flags:
+            return list(flags)
+        return [Path(p.strip()) for p in (self.model_roots or "").split(",") if p.strip()]
 
     def resolved_session_secret(self) -> str:
         """A stable secret so dashboard sessions survive a restart of the control plane."""

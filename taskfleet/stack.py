@@ -279,6 +279,9 @@ class StackConfig:
     http_model: str | None = None
     data_dir: Path | None = None  # root of the built-in suites' data (TASKFLEET_DATA_DIR)
     artifact_source: str | None = None  # None: the NATS object store; else s3://bucket/prefix
+    forwarded_allow_ips: str | None = None  # proxies whose forwarded headers are believed
+    allowed_hosts: list[str] | None = None  # the control plane's Host names; None: any
+    model_roots: list[Path] = field(default_factory=list)  # where REST may register models
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -301,8 +304,18 @@ class StackUrls:
 class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the stack (one handler for all parts)."""
 
-    def __init__(self, app: Any, host: str, port: int, log_level: str = "warning") -> None:
-        super().__init__(http_config(app, host, port, log_level))
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        log_level: str = "warning",
+        *,
+        forwarded_allow_ips: str | None = None,
+    ) -> None:
+        super().__init__(
+            http_config(app, host, port, log_level, forwarded_allow_ips=forwarded_allow_ips)
+        )
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -378,11 +391,14 @@ async def run_stack(
                 data_root=config.data_dir, mteb_dir=config.home / "suites"
             ),
             build_variant=build_variant,
+            model_roots=config.model_roots,
+            allowed_hosts=config.allowed_hosts,
         )
         gateway = create_gateway(nats_url, GatewaySettings(require_auth=config.require_auth))
+        forwarded = config.forwarded_allow_ips
         servers = [
-            QuietServer(control, config.host, config.control_port),
-            QuietServer(gateway, config.host, config.port),
+            QuietServer(control, config.host, config.control_port, forwarded_allow_ips=forwarded),
+            QuietServer(gateway, config.host, config.port, forwarded_allow_ips=forwarded),
         ]
         tasks += [asyncio.create_task(s.serve()) for s in servers]
         tasks.append(asyncio.create_task(control_loops.run()))

@@ -17,15 +17,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy import select
 
 from registry import Registry
 from registry.api import create_app
 from registry.models import CandidateRow, PlacementRow, TaskRow
+from serving.httpserver import allowed_hosts, http_config
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
 from tests.suite_fixture import add_task
@@ -58,9 +60,9 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[str, Registry]]:
     seed_fleet(reg, tmp_path)
     report(reg, "gpu-worker-1", epoch=1, queue=4)
     port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(reg), host="127.0.0.1", port=port, log_level="warning")
-    )
+    # Served as `taskfleet serve` serves it: its uvicorn config, the Host names it answers to.
+    app = create_app(reg, allowed_hosts=allowed_hosts(None, "127.0.0.1"))
+    server = uvicorn.Server(http_config(app, "127.0.0.1", port, "warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -77,12 +79,31 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[str, Registry]]:
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
+    """Chromium; a test fails if any page it opened reported a Content-Security-Policy
+    violation (the dashboard runs with no inline script or style allowed)."""
+    violations: list[str] = []
+
+    def watch(page: Page) -> None:
+        page.on(
+            "console",
+            lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
+        )
+
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        new_page = chromium.new_page
+
+        def watched_page(**options: Any) -> Page:
+            page = new_page(**options)
+            watch(page)
+            return page
+
+        chromium.new_page = watched_page  # type: ignore[method-assign]
         try:
             yield chromium
         finally:
             chromium.close()
+    assert violations == [], violations
 
 
 def test_promote_watch_fleet_and_roll_back(
@@ -222,3 +243,46 @@ def test_task_page_shows_the_placed_candidate_and_a_mismatch(
     expect(page.locator("#placement-mismatch")).to_have_count(0)
     expect(page.locator("#placed")).to_contain_text(f"serves {CHAMPION}")
     expect(page.locator("table.history tbody tr").first).to_contain_text("placement")
+
+
+def test_pages_render_under_their_policy_and_refuse_framing(
+    control_plane: tuple[str, Registry], browser: Browser
+) -> None:
+    """Every dashboard page (SVG chart and memory meters included) and the API docs render
+    with the Content-Security-Policy on (the fixture fails on any violation); another site can
+    neither frame the dashboard nor reach it by another name."""
+    base, reg = control_plane
+    _, key = reg.create_api_key("ada", roles=["admin"])
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{base}/login?next=/tasks/{TASK}")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    expect(page.locator("svg.chart")).to_be_visible()
+    expect(page.locator("svg.chart .row").first).to_contain_text(CHAMPION)
+    page.goto(f"{base}/fleet")
+    meter = page.locator("tr[data-worker='gpu-worker-1'] svg.meter rect.used")
+    expect(meter).to_have_attribute("width", "37.5")  # 3 of 8 GiB
+    assert meter.evaluate("e => getComputedStyle(e).fill") != "rgb(0, 0, 0)"  # styled by CSS
+    for path in (f"/tasks/{TASK}/candidates/{CHALLENGER}", f"/tasks/{TASK}/promote/{CHALLENGER}"):
+        page.goto(base + path)
+        expect(page.locator("main h1")).to_be_visible()
+    # The API docs run under their own policy (inline script and style allowed, nothing from
+    # elsewhere: ReDoc's "powered by" logo from its CDN is the one thing it blocks).
+    docs = browser.new_context().new_page()
+    blocked: list[str] = []
+    docs.on("console", lambda m: blocked.append(m.text) if "Security Policy" in m.text else None)
+    docs.goto(f"{base}/docs")
+    expect(docs.locator(".opblock").first).to_be_visible(timeout=15_000)  # Swagger UI ran
+    docs.goto(f"{base}/redoc")
+    expect(docs.locator("text=taskfleet control plane").first).to_be_visible(timeout=15_000)
+    assert all("https://cdn.redoc.ly/" in message for message in blocked), blocked
+
+    # Framed by another page: the browser refuses to show the dashboard inside it.
+    framer = browser.new_context().new_page()
+    framer.set_content(f'<iframe id="f" src="{base}/login" width="600" height="400"></iframe>')
+    framer.wait_for_timeout(1500)
+    frame = framer.frame_locator("#f")
+    expect(frame.locator("#api_key")).to_have_count(0)
+    # The same server by a name it does not answer to (a rebinding attack's view of it).
+    refused = page.request.get(f"{base}/tasks", headers={"Host": "attacker.example"})
+    assert refused.status == 400 and "--allowed-host" in refused.text()

@@ -1,24 +1,45 @@
 """Issue 9's findings, each as a test: the promotion rule has no side door, scopes hold on the
 control plane, one error shape, artifacts never follow links, sessions end at logout, login is
-throttled, docs work offline, and the history names every epoch."""
+throttled, docs work offline, and the history names every epoch. Issue 18's: the throttle never
+locks a key out and believes forwarded headers only from configured proxies, `--no-auth` needs
+`--insecure` where others reach it, framing/CSP headers and the Host check, 413 for chunked
+bodies, bounded messages, the dashboard's forms checked as REST bodies, model folders' links
+and roots."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
+from httpx import Response
+from markupsafe import escape
 from sqlalchemy import select
 
 from registry import InvalidInput, Registry
 from registry.api import create_app
+from registry.fingerprint import tree_sha256
 from registry.models import CandidateRow, PlacementRow, TaskRow
-from registry.throttle import LoginThrottle
+from registry.throttle import LoginThrottle, RateLimited
+from serving.artifacts import build_manifest
+from serving.httpserver import BindRefused, allowed_hosts, check_bind, http_config
+from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
+from tests.pg import free_port
 from tests.suite_fixture import add_task, declare_suite
 from tests.test_dashboard_pages import (
     CHALLENGER,
@@ -266,47 +287,59 @@ def test_logout_ends_the_session_server_side(seeded: Registry) -> None:
     assert r.status_code == 303 and r.headers["location"].startswith("/login")
 
 
-def test_login_is_throttled_per_client_and_per_key_prefix(seeded: Registry) -> None:
-    throttle = LoginThrottle(max_per_client=5, max_per_prefix=8, window_s=60)
-    app = create_app(seeded, throttle=throttle)
+def test_login_is_throttled_per_client_and_never_locks_a_key_out(seeded: Registry) -> None:
+    app = create_app(seeded)  # the default throttle: 10 failures a minute per client
     _, good = seeded.create_api_key("ada", roles=["admin"])
     prefix = good.split("_")[1]
+    right = {"Authorization": f"Bearer {good}"}
+
+    # Guessing one key's secret from many addresses (its prefix is public) used to lock that
+    # key out for everybody after 20 failures: now only the guessers count their failures.
+    for i in range(25):
+        guesser = TestClient(app, client=(f"10.0.1.{i}", 1))
+        wrong = {"Authorization": f"Bearer tfk_{prefix}_guess{i}"}
+        assert guesser.get("/api/v1/tasks", headers=wrong).status_code == 401
+    owner = TestClient(app, client=("10.0.2.1", 1))
+    assert owner.get("/api/v1/tasks", headers=right).status_code == 200
+    page = owner.get("/login")
+    r = owner.post("/login", data={"csrf_token": form_token(page.text), "api_key": good})
+    assert r.status_code == 200 and "Tasks" in r.text  # the dashboard door as well
+
+    # One client with wrong keys is throttled: then every attempt from it, even the right key.
     client = TestClient(app, client=("10.0.0.1", 1))
     page = client.get("/login")
-    for _ in range(5):
-        data = {"csrf_token": form_token(page.text), "api_key": "tfk_zzzz_wrong"}
+    for _ in range(10):
+        data = {"csrf_token": form_token(page.text), "api_key": f"tfk_{prefix}_wrong"}
         page = client.post("/login", data=data)
         assert page.status_code == 401
     r = client.post("/login", data={"csrf_token": form_token(page.text), "api_key": good})
-    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0  # even the right key
-    r = client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {good}"})
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+    r = client.get("/api/v1/tasks", headers=right)
     assert r.status_code == 429 and error_of(r)["code"] == "RATE_LIMITED"
     assert int(r.headers["retry-after"]) > 0
+    # ... and nobody else: the key keeps working from everywhere else.
+    assert owner.get("/api/v1/tasks", headers=right).status_code == 200
 
-    # Guessing one key's secret from many addresses: throttled per prefix.
-    for i in range(8):
-        other = TestClient(app, client=(f"10.0.1.{i}", 1))
-        wrong = {"Authorization": f"Bearer tfk_{prefix}_guess{i}"}
-        assert other.get("/api/v1/tasks", headers=wrong).status_code == 401
-    fresh = TestClient(app, client=("10.0.2.1", 1))
-    r = fresh.get("/api/v1/tasks", headers={"Authorization": f"Bearer {good}"})
-    assert r.status_code == 429
-    # Another key from a fresh address is not affected.
-    _, vic = seeded.create_api_key("vic", roles=["viewer"])
-    assert fresh.get("/api/v1/tasks", headers={"Authorization": f"Bearer {vic}"}).status_code == 200
+
+def test_throttle_counts_an_ipv6_client_by_its_network() -> None:
+    throttle = LoginThrottle(max_per_client=2, window_s=60)
+    throttle.failed("2001:db8:1:2::1")
+    throttle.failed("2001:db8:1:2:ffff::7")  # the same /64: the same client
+    with pytest.raises(RateLimited):
+        throttle.check("2001:db8:1:2::99")
+    throttle.check("2001:db8:1:3::1")  # another network
+    throttle.check("10.0.0.1")
 
 
 def test_throttle_forgets_after_the_window() -> None:
     now = [0.0]
-    throttle = LoginThrottle(
-        max_per_client=2, max_per_prefix=100, window_s=10, clock=lambda: now[0]
-    )
-    throttle.failed("c", None)
-    throttle.failed("c", None)
+    throttle = LoginThrottle(max_per_client=2, window_s=10, clock=lambda: now[0])
+    throttle.failed("c")
+    throttle.failed("c")
     with pytest.raises(Exception, match="try again in 10 s"):
-        throttle.check("c", None)
+        throttle.check("c")
     now[0] = 10.5
-    throttle.check("c", None)
+    throttle.check("c")
 
 
 def test_secure_cookie_setting(seeded: Registry) -> None:
@@ -411,3 +444,304 @@ def test_control_plane_refuses_huge_bodies_unread(seeded: Registry) -> None:
     client = TestClient(create_app(seeded))
     r = client.post("/api/v1/tasks", content=b"{" + b" " * (2 << 20) + b"}")  # no key at all
     assert r.status_code == 413 and error_of(r)["code"] == "PAYLOAD_TOO_LARGE"
+
+
+# ---- issue 18: the control plane's edges -------------------------------------------------
+@contextlib.contextmanager
+def served(app: object, **options: object) -> Iterator[str]:
+    """The app under a real uvicorn, configured as every taskfleet server is."""
+    port = free_port()
+    server = uvicorn.Server(http_config(app, "127.0.0.1", port, "warning", **options))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_forwarded_headers_are_believed_only_from_configured_proxies(seeded: Registry) -> None:
+    _, good = seeded.create_api_key("ada", roles=["admin"])
+    prefix = good.split("_")[1]
+    wrong = {"Authorization": f"Bearer tfk_{prefix}_wrong"}
+    right = {"Authorization": f"Bearer {good}"}
+
+    # No proxy configured: a local client naming another X-Forwarded-For on each attempt is
+    # still one client (uvicorn's default believed loopback peers, so it stepped around).
+    with served(create_app(seeded)) as url:
+        for i in range(10):
+            forged = {**wrong, "X-Forwarded-For": f"203.0.113.{i}"}
+            assert httpx.get(f"{url}/api/v1/tasks", headers=forged).status_code == 401
+        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "198.51.100.1"})
+        assert r.status_code == 429, r.text
+
+    # Behind a configured proxy (here: loopback), the forwarded client is the one counted.
+    with served(create_app(seeded), forwarded_allow_ips="127.0.0.1") as url:
+        for _ in range(10):
+            forged = {**wrong, "X-Forwarded-For": "203.0.113.7"}
+            assert httpx.get(f"{url}/api/v1/tasks", headers=forged).status_code == 401
+        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "203.0.113.7"})
+        assert r.status_code == 429
+        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "203.0.113.8"})
+        assert r.status_code == 200, r.text
+
+
+def test_server_options_refuse_no_auth_where_others_reach_and_bad_proxies(tmp_path: Path) -> None:
+    """`--no-auth` on a non-loopback address needs `--insecure`: one line, nothing starts."""
+    env = {**os.environ, "TASKFLEET_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    port = str(free_port())
+    commands = {
+        "serve": ["serve", "--no-auth", "--host", "0.0.0.0", "--port", port, "--no-publish"],
+        "gateway": ["gateway", "--no-auth", "--host", "10.1.2.3", "--nats-url", "nats://x:1"],
+        "up": ["up", "--no-auth", "--host", "::", "--workers", "0"],
+        "proxies": ["serve", "--forwarded-allow-ips", "10.0.0.0/8,proxy.example", "--port", port],
+    }
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "taskfleet", *args],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in commands.items()
+    }
+    try:
+        results = {name: p.communicate(timeout=120) for name, p in running.items()}
+    finally:
+        for p in running.values():
+            p.kill()
+    for name, (stdout, stderr) in results.items():
+        lines = stderr.strip().splitlines()
+        assert running[name].returncode == 1 and len(lines) == 1, (name, stdout, stderr)
+        if name == "proxies":
+            assert "'proxy.example' is not an IP address or network" in lines[0]
+        else:
+            assert "--no-auth on --host" in lines[0] and "--insecure" in lines[0], lines
+    assert not (tmp_path / "home" / "registry.db").exists()  # refused before anything opened
+    check_bind("127.0.0.1", require_auth=False, insecure=False)
+    check_bind("localhost", require_auth=False, insecure=False)
+    check_bind("::1", require_auth=False, insecure=False)
+    check_bind("0.0.0.0", require_auth=False, insecure=True)
+    check_bind("0.0.0.0", require_auth=True, insecure=False)
+    with pytest.raises(BindRefused):
+        check_bind("my-host.example", require_auth=False, insecure=False)
+
+
+def test_dashboard_refuses_framing_and_inline_code_and_foreign_hosts(seeded: Registry) -> None:
+    app = create_app(seeded, allowed_hosts=["localhost", "cp.example.com", "*.corp.example"])
+    for base in ("http://localhost:8600", "http://cp.example.com", "http://a.b.corp.example"):
+        client = TestClient(app, base_url=base)
+        page = client.get("/login")
+        assert page.status_code == 200, (base, page.text)
+        assert page.headers["x-frame-options"] == "DENY"
+        policy = page.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self';" in policy
+        assert "unsafe-inline" not in policy
+        assert page.headers["x-content-type-options"] == "nosniff"
+    docs = TestClient(app, base_url="http://localhost").get("/docs")
+    assert "frame-ancestors 'none'" in docs.headers["content-security-policy"]
+    # A page on another site, rebound to this address, is refused; so is a missing Host.
+    for host in ("evil.example", "cp.example.com.evil.example", "corp.example", ""):
+        r = TestClient(app).get("/api/v1/tasks", headers={"Host": host, "Accept": "text/html"})
+        assert r.status_code == 400 and error_of(r)["code"] == "BAD_REQUEST", host
+        assert "--allowed-host" in error_of(r)["message"] and r.headers["x-frame-options"]
+    long_host = "x" * 5000
+    r = TestClient(app).get("/tasks", headers={"Host": long_host})
+    assert r.status_code == 400 and len(r.text) < 500
+    # Probes name no host (a kubelet sends the pod IP): /healthz answers any.
+    probe = TestClient(app, base_url="http://10.244.0.7:8600").get("/healthz")
+    assert probe.status_code == 200
+
+    # The shell's default: this machine's names and the bind address, never "any".
+    assert {"localhost", "127.0.0.1", "::1"} <= set(allowed_hosts(None, "127.0.0.1"))
+    assert "10.0.0.5" in allowed_hosts(None, "10.0.0.5")
+    assert "0.0.0.0" not in allowed_hosts(None, "0.0.0.0") and "*" not in allowed_hosts(None, "::")
+    assert allowed_hosts("cp.example.com, *.corp.example", "0.0.0.0") == [
+        "cp.example.com",
+        "*.corp.example",
+    ]
+
+
+def test_chunked_body_over_the_limit_is_413(seeded: Registry) -> None:
+    client = TestClient(create_app(seeded, require_auth=False))
+
+    def chunks(start: bytes, end: bytes) -> Iterator[bytes]:  # no Content-Length: chunked
+        yield start
+        for _ in range(12):
+            yield b"a" * 100_000
+        yield end
+
+    r = client.post(
+        "/api/v1/tasks",
+        content=chunks(b'{"name": "', b'"}'),
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 413 and error_of(r)["code"] == "PAYLOAD_TOO_LARGE", r.text
+    r = client.post(  # a dashboard form
+        f"/tasks/{TASK}/rollback",
+        content=chunks(b"csrf_token=x&reason=", b""),
+        headers={"Content-Type": "application/x-www-form-urlencoded", "Accept": "text/html"},
+    )
+    assert r.status_code == 413 and "PAYLOAD_TOO_LARGE" in r.text, r.text[:300]
+
+
+def test_error_messages_are_bounded(seeded: Registry) -> None:
+    client = TestClient(create_app(seeded, require_auth=False))
+    key = "k" * 900_000
+    r = client.post("/api/v1/tasks", json={"name": "x", key: 1})
+    message = str(error_of(r)["message"])
+    assert r.status_code == 400 and len(r.content) < 1000, len(r.content)
+    assert message.startswith("body.kkkk") and "Extra inputs are not permitted" in message
+    # Any message, whatever a registry error quotes, is cut at the bound.
+    error = InvalidInput("x" * 100_000)
+    assert len(error.message) < 2100 and "more characters left out" in error.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("reason", "why\x00not"), ("reason", "r" * 10_001), ("nul", "")]
+)
+def test_dashboard_forms_are_checked_like_rest(seeded: Registry, field: str, value: str) -> None:
+    """The dashboard's promote and rollback forms go through the REST API's bodies."""
+    client = TestClient(create_app(seeded))
+    login(client, seeded.create_api_key("ada", roles=["admin"])[1])
+    promote = f"/tasks/{TASK}/promote/{CHALLENGER}"
+    token = form_token(client.get(promote).text)
+    data = {"csrf_token": token, "expected_champion": CHAMPION, "reason": "fine"}
+    if field == "nul":  # the champion the form saw: a name, checked as REST checks names
+        data["expected_champion"] = "base-a\x00+ft-v1"
+    else:
+        data[field] = value
+    r = client.post(promote, data=data)
+    assert r.status_code == 200 and "Not promoted:" in r.text, r.text[:500]
+    rest = TestClient(create_app(seeded)).post(
+        f"/api/v1/tasks/{TASK}/promote",
+        json={"candidate": CHALLENGER, **{k: v for k, v in data.items() if k != "csrf_token"}},
+        headers=bearer(seeded, "ada2", ["admin"]),
+    )
+    assert rest.status_code == 400
+    shown = str(error_of(rest)["message"]).replace("body.", "")
+    assert str(escape(shown)) in r.text  # the same one line through both doors
+    assert seeded.champion(TASK).name == CHAMPION  # type: ignore[union-attr]
+
+    data = {"csrf_token": form_token(r.text), "expected_champion": CHAMPION, "reason": "fine"}
+    data.update({field: value} if field != "nul" else {"expected_champion": "x\x00"})
+    r = client.post(f"/tasks/{TASK}/rollback", data=data)
+    assert "Nothing rolled back:" in r.text and seeded.champion(TASK).name == CHAMPION  # type: ignore[union-attr]
+    assert [p.epoch for p in seeded.list_promotions(TASK)] == [1]
+
+
+@pytest.mark.parametrize("key", ["tfk_ab%00cd_x", "tfk_ab_" + "x" * 300, "tfk_ab_%ED%B2%80"])
+def test_login_form_refuses_what_no_header_carries(registry: Registry, key: str) -> None:
+    """A form field can carry NUL and any length (a header cannot): 401, on PostgreSQL too."""
+    registry.create_api_key("vic", roles=["viewer"])
+    client = TestClient(create_app(registry))
+    page = client.get("/login")
+    r = client.post(
+        "/login",
+        content=f"csrf_token={form_token(page.text)}&api_key={key}",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 401, r.text[:300]
+
+
+def _hf_snapshot(cache: Path, payload: bytes) -> Path:
+    """A Hugging Face cache repo: the snapshot's files are links into ../../blobs/."""
+    repo = cache / "models--org--tiny"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "0123abcd"
+    (snapshot / "1_Pooling").mkdir(parents=True)
+    blobs.mkdir()
+    files = {
+        "config.json": b'{"hidden_size": 8}',
+        "model.safetensors": payload,
+        "1_Pooling/config.json": b"{}",
+    }
+    for name, data in files.items():
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snapshot / name
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot
+
+
+def test_base_model_links_may_not_leave_the_folder(seeded: Registry, tmp_path: Path) -> None:
+    secret = tmp_path / "control-plane-secret.txt"
+    secret.write_text("session-secret=hunter2")
+    leaky = make_model_dir(tmp_path / "leaky", b"L")
+    (leaky / "tokenizer.json").symlink_to(secret)
+    up_dir = make_model_dir(tmp_path / "dir-link", b"D")
+    (up_dir / "extra").symlink_to(tmp_path)
+    for folder in (leaky, up_dir):
+        with pytest.raises(InvalidInput, match="outside") as refused:
+            seeded.add_model(f"m-{folder.name}", path=folder)
+        assert str(folder) in str(refused.value)
+    assert {m.name for m in seeded.list_models()} == {"base-a", "base-b"}
+
+    # Links inside the folder are content; a loop of folders is walked once.
+    inside = make_model_dir(tmp_path / "inside", b"I")
+    (inside / "weights.bin").symlink_to("model.safetensors")
+    (inside / "sub").mkdir()
+    (inside / "sub" / "again").symlink_to("..")
+    model = seeded.add_model("m-inside", path=inside)
+    assert model.sha256 == tree_sha256(inside).sha256
+
+    # A Hugging Face cache snapshot stays usable: its links stay inside its cache repo, and it
+    # hashes (and uploads) as a plain folder with the same files would.
+    snapshot = _hf_snapshot(tmp_path / "hub", b"H")
+    plain = shutil.copytree(snapshot, tmp_path / "plain-copy")  # follows the links
+    registered = seeded.add_model("m-hf", path=snapshot)
+    assert registered.sha256 == tree_sha256(plain).sha256
+    assert len(build_manifest(snapshot, registered.sha256).files) == 3
+    (snapshot / "vocab.txt").symlink_to(os.path.relpath(secret, snapshot))
+    with pytest.raises(InvalidInput, match="outside"):
+        seeded.add_model("m-hf-leaky", path=snapshot)
+    # A link added after registration never reaches the object store either.
+    with pytest.raises(InvalidInput, match="outside"):
+        build_manifest(snapshot, registered.sha256)
+
+
+def test_rest_model_paths_are_limited_to_model_roots(seeded: Registry, tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    inside = make_model_dir(root / "inside", b"R")
+    outside = make_model_dir(tmp_path / "elsewhere", b"O")
+    (root / "link-out").symlink_to(outside)
+    adapter_in = make_adapter_dir(root / "ad-in", b"a")
+    adapter_out = make_adapter_dir(tmp_path / "ad-out", b"b")
+    admin = bearer(seeded, "ada", ["admin"])
+    client = TestClient(create_app(seeded, model_roots=[root]))
+
+    def post(kind: str, name: str, path: Path | str) -> Response:
+        body: dict[str, object] = {"name": name, "path": str(path)}
+        if kind == "adapters":
+            body.update(base="base-a", training={"data_fingerprint": "f" * 64, "train_split": "d"})
+        return client.post(f"/api/v1/{kind}", json=body, headers=admin)
+
+    for path in (outside, root / "link-out", root / ".." / "elsewhere", tmp_path / "nope"):
+        r = post("models", "m-out", path)
+        assert r.status_code == 403 and "outside the model roots" in error_of(r)["message"], r.text
+    assert post("adapters", "ad-out", adapter_out).status_code == 403
+    assert post("models", "m-in", inside).status_code == 201
+    assert post("adapters", "ad-in", adapter_in).status_code == 201
+    # A cache snapshot whose blobs lie above the root: one line naming where they are.
+    snapshot = _hf_snapshot(tmp_path / "hub", b"S")
+    snap_root = TestClient(create_app(seeded, model_roots=[snapshot])).post(
+        "/api/v1/models", json={"name": "m-snap", "path": str(snapshot)}, headers=admin
+    )
+    assert snap_root.status_code == 403 and "models--org--tiny" in error_of(snap_root)["message"]
+    hub_root = TestClient(create_app(seeded, model_roots=[tmp_path / "hub"])).post(
+        "/api/v1/models", json={"name": "m-snap", "path": str(snapshot)}, headers=admin
+    )
+    assert hub_root.status_code == 201, hub_root.text
+    # No roots configured: REST registers models by package only.
+    r = TestClient(create_app(seeded)).post(
+        "/api/v1/models", json={"name": "m-none", "path": str(inside)}, headers=admin
+    )
+    assert r.status_code == 403 and "TASKFLEET_MODEL_ROOTS" in error_of(r)["message"]
+    # The CLI acts as a local admin: the registry itself takes any folder.
+    assert seeded.add_model("m-cli", path=outside).name == "m-cli"

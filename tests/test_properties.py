@@ -138,7 +138,7 @@ def test_promotion_forms_change_nothing_unless_they_saw_the_champion(
 @pytest.fixture(scope="module")
 def login_client(seeded: Registry) -> tuple[TestClient, str]:
     """A fresh session and a valid viewer key (no throttling here)."""
-    app = create_app(seeded, throttle=LoginThrottle(max_per_client=10**9, max_per_prefix=10**9))
+    app = create_app(seeded, throttle=LoginThrottle(max_per_client=10**9))
     client = TestClient(app, follow_redirects=False)
     return client, seeded.create_api_key("prop-vic", roles=["viewer"])[1]
 

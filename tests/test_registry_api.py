@@ -15,7 +15,7 @@ from tests.test_registry import make_model_dir
 def test_rest_crud_auth_and_error_shape(registry: Registry, tmp_path: Path) -> None:
     _, admin = registry.create_api_key("admin", roles=["admin"])
     _, viewer = registry.create_api_key("viewer", roles=["viewer"])
-    client = TestClient(create_app(registry))
+    client = TestClient(create_app(registry, model_roots=[tmp_path]))
     as_admin = {"Authorization": f"Bearer {admin}"}
     as_viewer = {"Authorization": f"Bearer {viewer}"}
 

@@ -4,7 +4,8 @@ The routes come from the apps' own route tables, and the test fails when the tab
 expectations below disagree, so a new route cannot go unwalked. Callers: no key, a viewer, a
 caller (applications), a promoter scoped to the task, a promoter scoped to another task, and
 an admin. The control plane is walked through its REST door (bearer key) and its dashboard
-door (a session of the same key); every request asks for JSON, so refusals must be the shape.
+door (a session of the same key); every request asks for JSON, so refusals must be the shape,
+and every control-plane answer carries the framing and content-security headers.
 """
 
 from __future__ import annotations
@@ -260,7 +261,9 @@ def walk_control_plane(tmp: Path, identity: str) -> dict[tuple[str, str], int]:
             headers["Authorization"] = f"Bearer {key}"
         reader = rest_suite_reader(data_root=None, mteb_dir=tmp / "mteb")
         client = TestClient(
-            create_app(reg, read_suite=reader), headers=headers, follow_redirects=False
+            create_app(reg, read_suite=reader, model_roots=[tmp]),
+            headers=headers,
+            follow_redirects=False,
         )
         if key:  # the dashboard door: a session of the same key (refused for callers)
             client.post("/login", data={"csrf_token": csrf_of(client), "api_key": key})
@@ -276,6 +279,9 @@ def walk_control_plane(tmp: Path, identity: str) -> dict[tuple[str, str], int]:
             where = f"{identity} {call.method} {call.url}: {r.status_code} {r.text[:300]}"
             assert r.status_code == call.expected[identity], where
             assert_shape(r, where)
+            # Every answer, refusals and redirects too, may not be framed and carries a CSP.
+            assert r.headers.get("x-frame-options") == "DENY", where
+            assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", ""), where
             seen[(call.method, call.route)] = r.status_code
         return seen
     finally:

@@ -1,8 +1,9 @@
 """The dashboard's forms (POST): log in and out, promote, roll back.
 
-Every POST checks the session's CSRF token first. Promotion forms carry the champion the user
-saw, so a form that went stale while open changes nothing; outcomes are flashed and the browser
-is redirected (post/redirect/get), so a reload never submits twice.
+Every POST checks the session's CSRF token first, and its fields by the REST API's own bodies
+(`registry/rest_bodies.py`). Promotion forms carry the champion the user saw, so a form that
+went stale while open changes nothing; outcomes are flashed and the browser is redirected
+(post/redirect/get), so a reload never submits twice.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the `Annotated` parameters below
@@ -19,6 +20,7 @@ from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render, wants_json
 from registry.dashboard.session import check_csrf, end_session, flash, sign_in
 from registry.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
+from registry.rest_bodies import PromoteIn, RollbackIn, checked
 from registry.throttle import RateLimited
 
 FormField = Annotated[str, Form()]
@@ -76,16 +78,23 @@ def action_router(dash: Dashboard) -> APIRouter:
         check_csrf(request, csrf_token)
         expected = _expected(expected_champion)
         try:
-            done = dash.acting(user).promote(
-                task,
-                candidate,
+            body = checked(
+                PromoteIn,
+                candidate=candidate,
                 reason=reason.strip(),
                 override=bool(override),
                 expected_champion=expected,
             )
+            done = dash.acting(user).promote(
+                task,
+                body.candidate,
+                reason=body.reason,
+                override=body.override,
+                expected_champion=body.expected_champion,
+            )
         except Conflict as exc:
             return _after_conflict(request, task, candidate, exc)
-        except InvalidInput as exc:  # the rule is not met, or an override without a reason
+        except InvalidInput as exc:  # a bad field, the rule not met, an override without reason
             flash(request, "error", f"Not promoted: {exc}")
             return _redirect(f"/tasks/{_q(task)}/promote/{_q(candidate)}")
         flash(
@@ -108,10 +117,11 @@ def action_router(dash: Dashboard) -> APIRouter:
         check_csrf(request, csrf_token)
         expected = _expected(expected_champion)
         try:
+            body = checked(RollbackIn, reason=reason.strip(), expected_champion=expected)
             done = dash.acting(user).rollback(
-                task, reason=reason.strip(), expected_champion=expected
+                task, reason=body.reason, expected_champion=body.expected_champion
             )
-        except (Conflict, InvalidInput) as exc:  # stale form, or no previous champion
+        except (Conflict, InvalidInput) as exc:  # a bad field, stale form, no previous champion
             flash(request, "error", f"Nothing rolled back: {exc}")
             return _redirect(f"/tasks/{_q(task)}")
         flash(
