@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from registry import RegistryError
 from taskfleet import __version__
@@ -20,9 +19,10 @@ from taskfleet.cli_promote import promote, promotions, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
 from taskfleet.cli_suite import suite_app
+from taskfleet.console import console
 from taskfleet.context import state
 
-err = Console(stderr=True)
+err = console(stderr=True)
 
 app = typer.Typer(
     name="taskfleet",

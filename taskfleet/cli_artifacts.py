@@ -7,9 +7,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from taskfleet.cli_fleet import artifact_source, fail, nats_call, nats_target_or_none
+from taskfleet.console import console
 from taskfleet.context import open_registry
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 artifacts_app = typer.Typer(
     help="Models and adapters in the artifact source (what workers fetch).", no_args_is_help=True
 )
-out = Console()
+out = console()
 
 
 @artifacts_app.command("gc")

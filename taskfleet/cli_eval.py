@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,12 +22,13 @@ from rich.table import Table
 
 from evals.runner import EvalPaths
 from registry.entities import EvalRun
+from taskfleet.console import console, line, styled
 from taskfleet.context import get_settings, open_registry
 
 if TYPE_CHECKING:
     from serving.runtime.remote import RuntimeTarget
 
-out = Console()
+out = console()
 
 eval_app = typer.Typer(
     help="Evaluate candidates on their task's suite; leaderboards and reports.",
@@ -120,12 +120,12 @@ def eval_run(
     reg = open_registry()
     target = runtime_target(runtime, http_url, http_model, sidecar_bin)
     columns = (
-        TextColumn("{task.description:<8}"),
+        TextColumn("{task.description:<8}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bars:
+    with Progress(*columns, console=console(stderr=True), transient=False) as bars:
         ids: dict[str, TaskID] = {}
 
         def progress(phase: str, advance: int, total: int) -> None:
@@ -154,7 +154,7 @@ def eval_run(
         f"p95 {cost.get('latency_p95_ms', 0):.1f} ms; wall {run.wall_seconds:.1f} s"
     )
     for warning in run.warnings:
-        out.print(f"  [yellow]warning:[/yellow] {warning}", highlight=False)
+        out.print(line("  ", styled("warning:", "yellow"), f" {warning}"), highlight=False)
 
 
 @eval_app.command("leaderboard")

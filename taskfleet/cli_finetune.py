@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,9 +19,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from taskfleet.console import bold, console, line, styled
 from taskfleet.context import get_settings, open_registry
 
-out = Console()
+out = console()
 finetune_app = typer.Typer(help="Fine-tune adapters for a task.", no_args_is_help=True)
 
 
@@ -134,10 +134,10 @@ def lora(
         eval_sample=eval_sample,
     )
     progress = Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", markup=False, style="bold"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("loss {task.fields[loss]}", markup=False),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
@@ -151,7 +151,7 @@ def lora(
         progress.update(bar[0], completed=step.step, loss=f"{step.loss:.4f}")
 
     def on_phase(phase: str, detail: str) -> None:
-        progress.console.print(f"[dim]{phase}:[/dim] {detail}")
+        progress.console.print(line(styled(f"{phase}:", "dim"), f" {detail}"), markup=False)
 
     with progress:
         outcome = finetune_lora(
@@ -165,10 +165,15 @@ def lora(
     result = outcome.training
     a = outcome.adapter
     out.print(
-        f"adapter [bold]{a.name}[/bold] on {a.base_model}"
-        + (f" (parent {a.parent})" if a.parent else "")
-        + f": {result.steps} steps in {result.wall_seconds:.0f}s, loss "
-        f"{mean_loss(result.losses, first=True):.4f} -> {mean_loss(result.losses, first=False):.4f}"
+        line(
+            "adapter ",
+            bold(a.name),
+            f" on {a.base_model}"
+            + (f" (parent {a.parent})" if a.parent else "")
+            + f": {result.steps} steps in {result.wall_seconds:.0f}s, loss "
+            f"{mean_loss(result.losses, first=True):.4f} -> "
+            f"{mean_loss(result.losses, first=False):.4f}",
+        )
     )
     out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)  candidate {outcome.candidate.name}")
     if outcome.mlflow_run_id:
@@ -221,12 +226,18 @@ def head(
             request,
             tracking_uri=None if no_mlflow else settings.resolved_mlflow_uri,
             cache_dir=settings.cache_dir,
-            on_phase=lambda phase, detail: out.print(f"[dim]{phase}:[/dim] {detail}"),
+            on_phase=lambda phase, detail: out.print(
+                line(styled(f"{phase}:", "dim"), f" {detail}")
+            ),
         )
     a = outcome.adapter
     out.print(
-        f"head [bold]{a.name}[/bold] on {a.base_model}: fitted in "
-        f"{outcome.training.wall_seconds:.0f}s; candidate {outcome.candidate.name}"
+        line(
+            "head ",
+            bold(a.name),
+            f" on {a.base_model}: fitted in {outcome.training.wall_seconds:.0f}s; "
+            f"candidate {outcome.candidate.name}",
+        )
     )
     out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)")
     if outcome.eval_run is not None:

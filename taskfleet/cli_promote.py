@@ -8,12 +8,12 @@ Local CLI users hold the database itself, so the registry lets them act as admin
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from taskfleet.console import bold, console, line, styled
 from taskfleet.context import open_registry
 
-out = Console()
+out = console()
 
 
 def promote(
@@ -42,11 +42,8 @@ def promote(
     """Make CANDIDATE (on a runtime) the champion of TASK if the promotion rule allows it."""
     reg = open_registry()
     check = reg.check_promotion(task, candidate, runtime)
-    out.print(
-        f"rule: {'[green]passes[/green]' if check.passes else '[yellow]not met[/yellow]'} - "
-        f"{check.reason}",
-        highlight=False,
-    )
+    verdict = styled("passes", "green") if check.passes else styled("not met", "yellow")
+    out.print(line("rule: ", verdict, f" - {check.reason}"), highlight=False)
     done = reg.promote(
         task,
         candidate,
@@ -58,9 +55,12 @@ def promote(
     )
     was = f" (was {done.previous_candidate})" if done.previous_candidate else ""
     out.print(
-        f"promoted [bold]{done.candidate}[/bold] to champion of {task}{was}; "
-        f"placement epoch {done.epoch} on the {done.runtime} runtime. Watch the fleet converge: "
-        "taskfleet placement ls",
+        line(
+            "promoted ",
+            bold(done.candidate),
+            f" to champion of {task}{was}; placement epoch {done.epoch} on the {done.runtime} "
+            "runtime. Watch the fleet converge: taskfleet placement ls",
+        ),
         highlight=False,
     )
 
@@ -72,8 +72,11 @@ def rollback(
     """Return TASK to the champion it had before the current one."""
     done = open_registry().rollback(task, reason=reason)
     out.print(
-        f"rolled {task} back from {done.previous_candidate} to [bold]{done.candidate}[/bold]; "
-        f"placement epoch {done.epoch} on the {done.runtime} runtime",
+        line(
+            f"rolled {task} back from {done.previous_candidate} to ",
+            bold(done.candidate),
+            f"; placement epoch {done.epoch} on the {done.runtime} runtime",
+        ),
         highlight=False,
     )
 

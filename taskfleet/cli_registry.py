@@ -8,20 +8,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from registry import InvalidInput
 from registry.entities import Adapter, ApiKey, TrainingRecord
 from registry.runtimes import MODEL_VARIANTS
+from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
 from taskfleet.variants import build_variant
 
 if TYPE_CHECKING:
     from registry import Registry
 
-out = Console()
+out = console()
 
 task_app = typer.Typer(help="Tasks: named jobs with an eval suite.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: weights on disk, fingerprinted.", no_args_is_help=True)
@@ -67,7 +68,7 @@ def task_add(
     task = reg.add_task(
         name, suite=suite_name, kind=kind, description=description, owner=owner, margin=margin
     )
-    out.print(f"task [bold]{task.name}[/bold] added (suite {task.suite}, kind {task.kind})")
+    out.print(line("task ", bold(task.name), f" added (suite {task.suite}, kind {task.kind})"))
 
 
 @task_app.command("ls")
@@ -84,7 +85,7 @@ def task_show(name: str = typer.Argument(..., help="Task name.")) -> None:
     """Show a task, its candidates and their latest scores."""
     reg = open_registry()
     t = reg.get_task(name)
-    out.print(f"[bold]{t.name}[/bold] ({t.kind}) suite={t.suite} owner={t.owner or '-'}")
+    out.print(line(bold(t.name), f" ({t.kind}) suite={t.suite} owner={t.owner or '-'}"))
     if t.description:
         out.print(t.description)
     placement = reg.current_placement(name)
@@ -132,7 +133,7 @@ def model_add(
             passage_prefix=passage_prefix,
             runtime_kinds=runtimes,
         )
-    out.print(f"model [bold]{m.name}[/bold] added (runtimes: {', '.join(m.runtime_kinds)})")
+    out.print(line("model ", bold(m.name), f" added (runtimes: {', '.join(m.runtime_kinds)})"))
     out.print(f"sha256 {m.sha256}")
     out.print(f"dims {m.dims}  max_seq_length {m.max_seq_length}  size {m.size_bytes:,} bytes")
 
@@ -147,7 +148,7 @@ def model_runtimes(
     """Set which runtimes may serve a model. Placing it on one still needs an eval run through
     that runtime and a promotion."""
     m = open_registry().set_model_runtimes(name, runtimes)
-    out.print(f"model [bold]{m.name}[/bold] runtimes: {', '.join(m.runtime_kinds)}")
+    out.print(line("model ", bold(m.name), f" runtimes: {', '.join(m.runtime_kinds)}"))
 
 
 @model_app.command("ls")
@@ -216,7 +217,7 @@ def adapter_register(
     a = open_registry().register_adapter(
         name, base=base, source_dir=path, training=training, parent=parent
     )
-    out.print(f"adapter [bold]{a.name}[/bold] registered on {a.base_model}")
+    out.print(line("adapter ", bold(a.name), f" registered on {a.base_model}"))
     out.print(f"sha256 {a.sha256}  ({a.size_bytes:,} bytes)")
 
 
@@ -276,10 +277,10 @@ def adapter_lineage(name: str = typer.Argument(..., help="Adapter name.")) -> No
     reg = open_registry()
     chain = reg.lineage(name)
     base = reg.get_model(chain[0].base_model)
-    tree = Tree(f"[bold]{base.name}[/bold] (base, sha256 {_short(base.sha256)})")
+    tree = Tree(line(bold(base.name), f" (base, sha256 {_short(base.sha256)})"))
     node = tree
     for a in chain:
-        label = f"[bold]{a.name}[/bold]" if a.name == name else a.name
+        label = bold(a.name) if a.name == name else Text(a.name)
         node = node.add(
             f"{label} sha256 {_short(a.sha256)} split={a.training.train_split} "
             f"seed={a.training.seed} - {_scores(reg, a)}"
@@ -334,9 +335,9 @@ def candidate_add(
         )
     if variant is not None:
         m = reg.get_model(c.base_model or "")
-        out.print(f"model [bold]{m.name}[/bold]: {m.variant} variant of {m.source}")
+        out.print(line("model ", bold(m.name), f": {m.variant} variant of {m.source}"))
         out.print(f"sha256 {m.sha256}  size {m.size_bytes:,} bytes")
-    out.print(f"candidate [bold]{c.name}[/bold] added to {c.task}")
+    out.print(line("candidate ", bold(c.name), f" added to {c.task}"))
 
 
 @candidate_app.command("ls")

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
 from taskfleet.suites import Registered, SuiteDeclaration, register_suite
 
-out = Console()
+out = console()
 suite_app = typer.Typer(
     help="Eval suites: declared data (retrieval, rerank, classification), versioned by content.",
     no_args_is_help=True,
@@ -37,12 +37,12 @@ def print_registered(result: Registered) -> None:
     source = "built-in declaration" if result.builtin else s.location
     if result.created:
         out.print(
-            f"suite [bold]{s.name}[/bold] version {s.version} registered ({s.kind}, {source})",
+            line("suite ", bold(s.name), f" version {s.version} registered ({s.kind}, {source})"),
             highlight=False,
         )
     else:
         out.print(
-            f"suite [bold]{s.name}[/bold] is unchanged: version {s.version} has this content",
+            line("suite ", bold(s.name), f" is unchanged: version {s.version} has this content"),
             highlight=False,
         )
     out.print(f"fingerprint {s.fingerprint}", highlight=False)

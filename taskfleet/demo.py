@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
+from taskfleet.console import console as cli_console
+from taskfleet.console import styled
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = REPO / "demo-home"
@@ -28,7 +29,7 @@ SAMPLE = "100"
 ADAPTER = "minilm-legal-demo"
 GATEWAY_PORT = int(os.environ.get("TASKFLEET_DEMO_PORT", "8700"))
 CONTROL_PORT = int(os.environ.get("TASKFLEET_DEMO_CONTROL_PORT", "8600"))
-console = Console()
+console = cli_console()
 
 
 def _env() -> dict[str, str]:
@@ -40,7 +41,8 @@ def _env() -> dict[str, str]:
 
 def tf(*args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run one taskfleet command visibly; stop the demo if it fails and `check` is set."""
-    console.print(f"\n[bold cyan]$ taskfleet {shlex.join(args)}[/bold cyan]")
+    console.print()
+    console.print(styled(f"$ taskfleet {shlex.join(args)}", "bold cyan"))
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "taskfleet", *args], env=_env(), capture_output=capture, text=True
@@ -49,9 +51,9 @@ def tf(*args: str, check: bool = True, capture: bool = False) -> subprocess.Comp
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
     if check and result.returncode != 0:
-        console.print(f"[red]demo stopped: `taskfleet {args[0]}` failed[/red]")
+        console.print(styled(f"demo stopped: `taskfleet {args[0]}` failed", "red"))
         sys.exit(result.returncode)
-    console.print(f"[dim]({time.monotonic() - started:.1f}s)[/dim]")
+    console.print(styled(f"({time.monotonic() - started:.1f}s)", "dim"))
     return result
 
 
@@ -97,7 +99,7 @@ def evaluate_and_finetune() -> None:
     console.rule("4. promote the winner if the rule allows it")
     result = tf("promote", TASK, f"minilm+{ADAPTER}", "--reason", "demo LoRA", check=False)
     if result.returncode != 0:
-        console.print("[yellow]the rule kept the champion; the fleet serves minilm[/yellow]")
+        console.print(styled("the rule kept the champion; the fleet serves minilm", "yellow"))
     tf("promotions", TASK)
 
 
@@ -144,7 +146,8 @@ def serve(api_key: str) -> None:
         "--control-port",
         str(CONTROL_PORT),
     ]
-    console.print(f"\n[bold cyan]$ taskfleet {shlex.join(command[3:])} &[/bold cyan]")
+    console.print()
+    console.print(styled(f"$ taskfleet {shlex.join(command[3:])} &", "bold cyan"))
     log = (HOME / "up.log").open("w")
     stack = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -154,7 +157,7 @@ def serve(api_key: str) -> None:
         deadline = time.monotonic() + 240
         while True:
             if stack.poll() is not None:
-                console.print(f"[red]`taskfleet up` exited; see {HOME / 'up.log'}[/red]")
+                console.print(styled(f"`taskfleet up` exited; see {HOME / 'up.log'}", "red"))
                 sys.exit(1)
             result = subprocess.run(
                 [sys.executable, "-m", "taskfleet", *call],
@@ -197,7 +200,7 @@ def main() -> None:
     evaluate_and_finetune()
     other_kinds()
     serve(api_key)
-    console.print(f"[dim]demo took {time.monotonic() - started:.0f}s[/dim]")
+    console.print(styled(f"demo took {time.monotonic() - started:.0f}s", "dim"))
 
 
 if __name__ == "__main__":

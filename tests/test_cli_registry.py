@@ -86,3 +86,64 @@ def test_malformed_database_url_is_one_line(tmp_path: Path) -> None:
     r = run_cli(tmp_path, "postgresql://user@:notaport/db", "task", "ls")
     assert r.returncode == 1
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+
+
+# Rich markup, an emoji code and a link, as users and workers may write them into the registry.
+MARKUP = "[/x] [bold]b :smile: [link=http://e.example]l"
+
+
+def test_cli_prints_user_strings_as_text(tmp_path: Path) -> None:
+    """Every table and line the CLI prints shows stored strings as they are: `suite show` once
+    crashed on a description `[/x]` (rich read it as a closing tag)."""
+    from datetime import UTC, datetime
+
+    from typer.testing import CliRunner
+
+    from registry import Registry
+    from registry.entities import WorkerReport
+    from taskfleet.cli import app
+    from taskfleet.context import state
+    from tests.evalrun_fixture import record_run
+    from tests.suite_fixture import declare_suite
+    from tests.test_registry import make_model_dir, training
+
+    home = tmp_path / "home"
+    folder = make_model_dir(tmp_path / MARKUP.replace("/", "_"), b"M")
+    reg = Registry.open(
+        f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts", actor=MARKUP
+    )
+    try:
+        declare_suite(reg, "s", description=MARKUP, location=f"/data/{MARKUP}")
+        reg.add_task("t", suite="s", description=MARKUP, owner=MARKUP)
+        reg.add_model("m", path=folder, query_prefix=MARKUP)
+        reg.register_adapter(
+            "a", base="m", source_dir=make_adapter_dir(tmp_path / "ad", b"a"), training=training()
+        )
+        reg.add_candidate("t", base="m")
+        record_run(reg, "t", "m", 0.4)
+        reg.promote("t", "m", reason=MARKUP)
+        now = datetime.now(UTC)
+        reg.record_worker_report(WorkerReport(MARKUP, MARKUP, now, [MARKUP], 1, 2, {}, [], {}))
+    finally:
+        reg.close()
+
+    commands = [
+        ["suite", "show", "s"],
+        ["task", "show", "t"],
+        ["task", "ls"],
+        ["model", "show", "m"],
+        ["model", "ls"],
+        ["promotions", "t"],
+        ["placement", "ls"],
+    ]
+    for command in commands:
+        result = CliRunner().invoke(app, ["--home", str(home), *command], env={"COLUMNS": "300"})
+        if state._registry is not None:
+            state._registry.close()
+        state._registry, state._settings = None, None
+        assert result.exception is None, (command, repr(result.exception))
+        assert result.exit_code == 0, (command, result.output)
+        shown = " ".join(result.output.split())  # tables may wrap a long cell
+        assert ":smile:" in shown and "[link=" in shown and "[bold]" in shown, (command, shown)
+        if command != ["model", "ls"]:  # the folder's name has "_" for "/"; the rest has it
+            assert "[/x]" in shown, (command, shown)
