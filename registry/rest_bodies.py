@@ -75,8 +75,12 @@ class TaskIn(Body):
 
 class ModelIn(Body):
     name: Name
-    path: Path | None = None
-    package: Short | None = None
+    path: Path | None = Field(
+        None,
+        description="Weights folder inside the control plane's model roots "
+        "(TASKFLEET_MODEL_ROOTS); outside them, or with none set, 403.",
+    )
+    package: Short | None = Field(None, description="An installed package that ships weights.")
     query_prefix: Text = ""
     passage_prefix: Text = ""
 
@@ -94,7 +98,10 @@ class TrainingIn(Body):
 class AdapterIn(Body):
     name: Name
     base: Name
-    path: Path = Field(description="Adapter folder readable by the control plane.")
+    path: Path = Field(
+        description="Adapter folder inside the control plane's model roots "
+        "(TASKFLEET_MODEL_ROOTS); outside them, or with none set, 403."
+    )
     parent: Name | None = None
     training: TrainingIn
 

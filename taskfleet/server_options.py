@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from taskfleet.console import console
 from taskfleet.context import get_settings
 
-err = Console(stderr=True, markup=False, emoji=False, highlight=False)
+err = console(stderr=True)
 
 INSECURE = typer.Option(
     False,
@@ -72,7 +72,7 @@ def server_edge(
         check_bind(host, require_auth=auth, insecure=insecure)
         parse_forwarded_allow_ips(forwarded)
     except BindRefused as exc:
-        err.print(f"error: {exc}", style="red", soft_wrap=True)
+        err.print(f"error: {exc}", style="red", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     configured = ",".join(allowed_hosts) if allowed_hosts else settings.allowed_hosts
     return ServerEdge(
