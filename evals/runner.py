@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evals.bootstrap import Interval
 from evals.cache import EmbeddingCache
 from evals.classifiers import MajorityClass, ModelClassifier, TfidfLogisticRegression
 from evals.errors import CandidateError, EvalError, EvalInterrupted
@@ -21,9 +20,9 @@ from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, 
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
 from evals.suites import RERANK, SuiteSpec, spec_from_record
 from evals.tracking import log_eval_run, per_class_metric
+from registry.bootstrap import Interval, paired_run_difference
 from registry.kinds import CANDIDATE_KINDS
 from registry.provenance import code_version
-from registry.stats import paired_run_difference
 
 if TYPE_CHECKING:
     from registry.entities import Candidate as CandidateRecord

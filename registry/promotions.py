@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from httpapi.errors import ErrorCode
 from registry import entities as e
+from registry.bootstrap import paired_run_difference
 from registry.catalog import CatalogMixin
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import ranking_run_row
@@ -50,7 +51,6 @@ from registry.placements import (
 )
 from registry.rows import candidate_entity, get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
-from registry.stats import paired_run_difference
 from registry.store import UNSET
 from registry.suites import newest_suite_row
 

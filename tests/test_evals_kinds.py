@@ -19,7 +19,7 @@ from evals.rerank_data import load_split as load_rerank
 from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
 from evals.retrievers import BM25Retriever
 from evals.suites import SuiteSpec, declare
-from registry.stats import macro_f1_ci, macro_f1_resamples, paired_macro_f1_ci
+from registry.bootstrap import macro_f1_ci, macro_f1_resamples, paired_macro_f1_ci
 from serving.runtime.encoder import ModelSpec
 from tests.kinds_fixture import build_classification, build_rerank
 from tests.tiny_model import build_tiny_head

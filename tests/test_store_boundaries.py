@@ -26,13 +26,13 @@ PACKAGES = ("registry", "serving", "evals", "finetune", "taskfleet", "httpapi", 
 # and rules, and the abstract store. Everything else is the database layer.
 DATABASE_FREE = {
     "registry",
+    "registry.bootstrap",
     "registry.entities",
     "registry.errors",
     "registry.fingerprint",
     "registry.kinds",
     "registry.provenance",
     "registry.runtimes",
-    "registry.stats",
     "registry.store",
 }
 ENTITY_MODULES = (

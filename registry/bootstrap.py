@@ -3,6 +3,11 @@
 
 Pairing matters: both candidates see the same resampled queries in each round, so the
 (large) per-query difficulty cancels and the interval reflects only how they differ.
+
+The one home of this maths. It lives with the registry's database-free rules (it imports no
+SQLAlchemy) because the promotion rule is defined by the paired bootstrap and the registry
+imports nothing of evals; the eval harness imports it from here, so the CIs an eval run reports
+and the ones the rule judges are one computation.
 """
 
 from __future__ import annotations
