@@ -3,9 +3,11 @@ reader per kind, mteb-computed ranking metrics kept per query, scikit-learn clas
 metrics, paired bootstrap CIs, lexical baselines and model candidates (through
 serving/runtime), an embedding cache, reports.
 
-The core (``suites``, ``beir``, ``metrics``, ``bootstrap``, ``retrievers``, ``cache``,
-``harness``, ``report``) knows nothing of the registry; ``runner`` is the one module that reads
-and writes it, and ``tracking`` the one that talks to MLflow.
+The core (``suites``, ``beir``, ``metrics``, ``retrievers``, ``cache``, ``harness``,
+``report``) knows nothing of the registry's database (the bootstrap maths it uses is
+``registry/bootstrap.py``, shared with the promotion rule); ``runner`` is the one module that
+reads and writes the registry, and ``tracking`` the one that talks to MLflow. ``provenance``
+names the code that produced a record (eval runs and adapters).
 """
 
 from evals.errors import (

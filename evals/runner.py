@@ -15,6 +15,7 @@ from evals.cache import EmbeddingCache
 from evals.classifiers import MajorityClass, ModelClassifier, TfidfLogisticRegression
 from evals.errors import CandidateError, EvalError, EvalInterrupted
 from evals.harness import Candidate, EvalResult, evaluate
+from evals.provenance import code_version
 from evals.report import run_markdown
 from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
@@ -22,7 +23,6 @@ from evals.suites import RERANK, SuiteSpec, spec_from_record
 from evals.tracking import log_eval_run, per_class_metric
 from registry.bootstrap import Interval, paired_run_difference
 from registry.kinds import CANDIDATE_KINDS
-from registry.provenance import code_version
 
 if TYPE_CHECKING:
     from registry.entities import Candidate as CandidateRecord

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from evals.errors import EvalError
+from evals.provenance import code_version
 from evals.suites import SuiteSpec
 from finetune.config import LoraHyperparameters
 from finetune.data import (
@@ -37,7 +38,6 @@ from finetune.trainer import StepCallback, TrainingResult
 from registry import Registry
 from registry.entities import Adapter, Candidate, EvalRun, TrainingRecord
 from registry.errors import AlreadyExists, LineageError, NotFound
-from registry.provenance import code_version
 
 
 @dataclass(frozen=True)

@@ -119,11 +119,11 @@ def test_artifact_round_trip_and_served_embeddings(
     reg: Registry, suite_dir: Path, tmp_path: Path
 ) -> None:
     """What training wrote is what the store returns, bit for bit, and what serving computes."""
+    from evals.provenance import code_version
     from finetune.data import load_training_pairs
     from finetune.job import train_adapter
     from finetune.modeling import embed_no_grad
     from registry.entities import TrainingRecord
-    from registry.provenance import code_version
 
     data = load_training_pairs(beir_suite(SUITE, suite_dir, test_split="eval", train_split="dev"))
     trained = train_adapter(reg.model_path("tiny"), data, HP, tmp_path / "adapter")

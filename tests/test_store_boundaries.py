@@ -31,7 +31,6 @@ DATABASE_FREE = {
     "registry.errors",
     "registry.fingerprint",
     "registry.kinds",
-    "registry.provenance",
     "registry.runtimes",
     "registry.store",
 }

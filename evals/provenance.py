@@ -1,4 +1,9 @@
-"""Which code produced a record: stored with every adapter and eval run."""
+"""Which code produced a record: stored with every eval run and every adapter.
+
+Its home is the eval harness because both producers of such records use it: the eval runner,
+and the fine-tuning pipeline (which already depends on evals for its data and its evaluation).
+The registry only stores the string.
+"""
 
 from __future__ import annotations
 
