@@ -1,19 +1,19 @@
 """MLflow logging of a finished eval run: params, metrics (with CI bounds), cost, the report.
 
-MLflow is imported lazily (it takes seconds) and told to stay off the network: telemetry off,
-a local SQLite tracking store by default, artifacts in a folder next to that database (never
-``./mlruns`` in whatever directory the user happens to be in).
+The store, the experiment and staying offline are the project's one MLflow convention
+(``evals/mlflow_experiments.py``).
 """
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from evals.mlflow_experiments import open_experiment
 
 EXPERIMENT_PREFIX = "taskfleet-eval"
 
@@ -42,21 +42,6 @@ def per_class_metric(label: str) -> str:
     return f"f1_{label}"
 
 
-def quiet_offline_env() -> None:
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("DO_NOT_TRACK", "true")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-
-
-def artifact_root(tracking_uri: str) -> str | None:
-    """For a local SQLite store, the artifact folder beside it; otherwise the server decides."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri.removeprefix("sqlite:///"))
-        return (db.parent / f"{db.stem}-artifacts").resolve().as_uri()
-    return None
-
-
 def log_eval_run(
     tracking_uri: str,
     *,
@@ -67,19 +52,7 @@ def log_eval_run(
     report_markdown: str,
 ) -> str:
     """Log one run and return its MLflow run id."""
-    quiet_offline_env()
-    if tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    name = f"{EXPERIMENT_PREFIX}/{task}"
-    experiment = client.get_experiment_by_name(name)
-    experiment_id = (
-        experiment.experiment_id
-        if experiment is not None
-        else client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
-    )
+    client, experiment_id = open_experiment(tracking_uri, f"{EXPERIMENT_PREFIX}/{task}")
     run = client.create_run(experiment_id, run_name=run_name)
     run_id: str = run.info.run_id
     try:

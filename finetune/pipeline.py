@@ -33,8 +33,8 @@ from finetune.data import (
 )
 from finetune.errors import FinetuneError, TrainingInterrupted
 from finetune.job import fit_linear_head, train_adapter, train_head_adapter
-from finetune.tracking import TrainingRun
 from finetune.trainer import StepCallback, TrainingResult
+from finetune.training_run import TrainingRun
 from registry import Registry
 from registry.entities import Adapter, Candidate, EvalRun, TrainingRecord
 from registry.errors import AlreadyExists, LineageError, NotFound

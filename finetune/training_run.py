@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 # One MLflow convention for the project: offline, artifacts beside a local SQLite store.
-from evals.tracking import artifact_root, quiet_offline_env
+from evals.mlflow_experiments import open_experiment
 from finetune.errors import FinetuneError
 
 EXPERIMENT_PREFIX = "taskfleet-finetune"
@@ -26,21 +26,9 @@ class TrainingRun:
         self._client: Any = None
         if tracking_uri is None:
             return
-        quiet_offline_env()
-        if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        import mlflow
-
         try:
-            self._client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-            name = f"{EXPERIMENT_PREFIX}/{task}"
-            experiment = self._client.get_experiment_by_name(name)
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self._client.create_experiment(
-                    name, artifact_location=artifact_root(tracking_uri)
-                )
+            self._client, experiment_id = open_experiment(
+                tracking_uri, f"{EXPERIMENT_PREFIX}/{task}"
             )
             self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
         except Exception as exc:  # MLflow raises many types for a bad or unreachable store
