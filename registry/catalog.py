@@ -33,7 +33,7 @@ from registry.rows import (
     task_entity,
 )
 from registry.runtimes import DEFAULT_RUNTIME, VARIANT_RUNTIMES, check_runtime_kinds
-from registry.suites import newest_suite_row
+from registry.suite_versions import newest_suite_row
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.

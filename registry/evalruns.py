@@ -15,7 +15,7 @@ from registry.kinds import BASELINE_KINDS
 from registry.models import CandidateRow, EvalRunRow, SuiteRow, TaskRow
 from registry.rows import get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, RUNTIME_KINDS
-from registry.suites import newest_suite_row
+from registry.suite_versions import newest_suite_row
 
 
 class EvalRunMixin(ServiceBase):

@@ -52,7 +52,7 @@ from registry.placements import (
 from registry.rows import candidate_entity, get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
 from registry.store import UNSET
-from registry.suites import newest_suite_row
+from registry.suite_versions import newest_suite_row
 
 # How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
 # through another runtime differ only by float rounding.

@@ -21,7 +21,7 @@ from registry.placements import PlacementMixin
 from registry.promotions import PromotionMixin
 from registry.sessions import DashboardSessionMixin
 from registry.store import AbstractStore
-from registry.suites import SuiteMixin
+from registry.suite_versions import SuiteMixin
 from registry.variants import VariantMixin
 
 

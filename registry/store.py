@@ -140,7 +140,7 @@ class EvalStore(CatalogReader):
 
 
 class SuiteStore(ABC):
-    """Suite versions beyond the one a task is scored on (``registry/suites.py``)."""
+    """Suite versions beyond the one a task is scored on (``registry/suite_versions.py``)."""
 
     @abstractmethod
     def add_suite(self, suite: e.SuiteCreate) -> tuple[e.Suite, bool]:

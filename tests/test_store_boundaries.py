@@ -35,7 +35,7 @@ DATABASE_FREE = {
     "registry.store",
 }
 ENTITY_MODULES = (
-    "suites",
+    "suite_versions",
     "catalog",
     "evalruns",
     "placements",

@@ -1,9 +1,12 @@
-"""Eval suites: declared data, registered like any other record and versioned by content.
+"""Suite versions: declared eval data, registered like any other record, versioned by content.
 
 The registry stores what the eval harness read and fingerprinted; it never reads suite data
 itself. Registering a declaration whose fingerprint a version of that name already has is a
 no-op that returns that version; anything else becomes the next version. Tasks bind to a suite
 by name and are scored on its newest version, so a changed folder never mixes with the old one.
+
+Declaring a suite (reading a folder through its kind's reader, fingerprinting it) is
+``evals/suites.py``; the shell joins the two in ``taskfleet/suites.py``.
 """
 
 from __future__ import annotations
