@@ -1,60 +1,29 @@
-"""Transaction and audit plumbing shared by every registry service area."""
+"""What the entity mixins not yet made repositories share: the transactions they write with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from registry.artifacts import ArtifactStore
-from registry.errors import AlreadyExists, DatabaseError, InvalidInput
-from registry.models import AuditRow
+from registry.transactions import Transactions
 
 
 class ServiceBase:
-    def __init__(
-        self,
-        engine: Engine,
-        artifacts: ArtifactStore,
-        actor: str = "system",
-        roles: tuple[str, ...] = ("admin",),
-    ) -> None:
-        self.engine = engine
+    def __init__(self, tx: Transactions, artifacts: ArtifactStore) -> None:
+        self.tx = tx
         self.artifacts = artifacts
-        self.actor = actor
-        # Who is acting decides what the rule-bound operations (promotion) allow. Local users
-        # of the CLI hold the database itself, so they act as admin; REST and dashboard users
-        # get the roles of their API key through `Registry.as_actor`.
-        self.roles = roles
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.engine = tx.engine
+        self.actor = tx.actor
+        self.roles = tx.roles
 
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        try:
-            with self._sessions() as session:
-                yield session
-        except DataError as exc:
-            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
-        except OperationalError as exc:
-            raise DatabaseError(f"database error: {exc.orig}") from None
+    def _read(self) -> AbstractContextManager[Session]:
+        return self.tx.read()
 
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        """One transaction: everything in it commits together or not at all."""
-        try:
-            with self._sessions() as session, session.begin():
-                yield session
-        except IntegrityError as exc:
-            # A concurrent writer won the race past our pre-checks.
-            raise AlreadyExists(f"conflicting record already exists ({_first_line(exc)})") from None
-        except DataError as exc:  # too long for its column, a NUL in PostgreSQL text, ...
-            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
-        except OperationalError as exc:
-            raise DatabaseError(f"database error: {exc.orig}") from None
+    def _write(self) -> AbstractContextManager[Session]:
+        return self.tx.write()
 
     def _audit(
         self,
@@ -64,17 +33,4 @@ class ServiceBase:
         entity_id: str,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        session.add(
-            AuditRow(
-                actor=self.actor,
-                action=action,
-                entity=entity,
-                entity_id=entity_id,
-                detail=detail or {},
-            )
-        )
-
-
-def _first_line(exc: Exception) -> str:
-    orig = getattr(exc, "orig", exc)
-    return str(orig).splitlines()[0] if str(orig) else type(orig).__name__
+        self.tx.audit(session, action, entity, entity_id, detail)

@@ -447,10 +447,7 @@ class PromotionMixin(CatalogMixin):
         # Moving the champion to another runtime is an operator's decision, never automatic.
         if not check.passes or check.champion == candidate:
             return None
-        system = type(self)(
-            self.engine, self.artifacts, actor=AUTO_PROMOTE_ACTOR, roles=("promoter",)
-        )
-        system._sessions = self._sessions
+        system = type(self)(self.tx.acting_as(AUTO_PROMOTE_ACTOR, ("promoter",)), self.artifacts)
         try:
             return system.promote(task, candidate, reason="auto-promotion: rule met")
         except Conflict:

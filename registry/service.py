@@ -22,6 +22,7 @@ from registry.promotions import PromotionMixin
 from registry.sessions import DashboardSessionMixin
 from registry.store import AbstractStore
 from registry.suite_versions import SuiteMixin
+from registry.transactions import Transactions
 from registry.variants import VariantMixin
 
 
@@ -44,13 +45,11 @@ class Registry(
         engine = db.create_registry_engine(database_url)
         if migrate:
             db.upgrade(engine)
-        return cls(engine, ArtifactStore(artifact_dir), actor=actor)
+        return cls(Transactions(engine, actor=actor), ArtifactStore(artifact_dir))
 
     def as_actor(self, actor: str, roles: tuple[str, ...] | list[str] = ("admin",)) -> Registry:
         """The same registry acting for someone else (REST/dashboard users)."""
-        clone = Registry(self.engine, self.artifacts, actor=actor, roles=tuple(roles))
-        clone._sessions = self._sessions
-        return clone
+        return Registry(self.tx.acting_as(actor, tuple(roles)), self.artifacts)
 
     def record_eval_run(self, run: EvalRunCreate) -> EvalRun:
         """Record a finished eval run; tasks that opted in promote a winner right away."""
@@ -59,4 +58,4 @@ class Registry(
         return recorded
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.tx.close()

@@ -1,0 +1,106 @@
+"""Transactions on the registry's database, made by one actor: what every repository writes with.
+
+Each repository (``registry/suite_versions.py``, ``tasks.py``, ..., ``fleet.py``) holds one
+``Transactions`` and opens a ``read()`` or a ``write()`` per public method; a write commits
+everything in it or nothing, and appends the audit rows of the act (``audit``) in the same
+transaction. Database failures become the registry's own errors here, once.
+
+Who acts travels with it: the actor named in audit and promotion rows, and the roles that the
+rule-bound operations (promotion) check. Local users of the CLI hold the database itself, so
+they act as admin; REST and dashboard users get the roles of their API key
+(``Registry.as_actor`` -> ``acting_as``), over the same session factory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from registry import entities as e
+from registry.errors import AlreadyExists, DatabaseError, InvalidInput
+from registry.models import AuditRow
+
+
+class Transactions:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        actor: str = "system",
+        roles: tuple[str, ...] = ("admin",),
+        sessions: sessionmaker[Session] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.actor = actor
+        self.roles = roles
+        self.sessions = sessions or sessionmaker(engine, expire_on_commit=False)
+
+    def acting_as(self, actor: str, roles: tuple[str, ...]) -> Transactions:
+        """The same database (and session factory) for another actor."""
+        return Transactions(self.engine, actor=actor, roles=roles, sessions=self.sessions)
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        try:
+            with self.sessions() as session:
+                yield session
+        except DataError as exc:
+            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
+        except OperationalError as exc:
+            raise DatabaseError(f"database error: {exc.orig}") from None
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One transaction: everything in it commits together or not at all."""
+        try:
+            with self.sessions() as session, session.begin():
+                yield session
+        except IntegrityError as exc:
+            # A concurrent writer won the race past our pre-checks.
+            raise AlreadyExists(f"conflicting record already exists ({_first_line(exc)})") from None
+        except DataError as exc:  # too long for its column, a NUL in PostgreSQL text, ...
+            raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
+        except OperationalError as exc:
+            raise DatabaseError(f"database error: {exc.orig}") from None
+
+    def audit(
+        self,
+        session: Session,
+        action: str,
+        entity: str,
+        entity_id: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Append the act to the audit log, in the caller's transaction."""
+        session.add(
+            AuditRow(
+                actor=self.actor,
+                action=action,
+                entity=entity,
+                entity_id=entity_id,
+                detail=detail or {},
+            )
+        )
+
+    def audit_log(self, limit: int = 100) -> list[e.AuditEntry]:
+        """The newest acts first."""
+        with self.read() as s:
+            rows = s.scalars(select(AuditRow).order_by(AuditRow.id.desc()).limit(limit))
+            return [
+                e.AuditEntry(r.id, r.actor, r.action, r.entity, r.entity_id, r.detail, r.created_at)
+                for r in rows
+            ]
+
+    def close(self) -> None:
+        """Release the engine's connections (every actor's: they share it)."""
+        self.engine.dispose()
+
+
+def _first_line(exc: Exception) -> str:
+    orig = getattr(exc, "orig", exc)
+    return str(orig).splitlines()[0] if str(orig) else type(orig).__name__
