@@ -9,20 +9,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.errors import InvalidInput, NotFound
 from registry.kinds import BASELINE_KINDS
 from registry.models import CandidateRow, EvalRunRow, SuiteRow, TaskRow
 from registry.rows import get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, RUNTIME_KINDS
 from registry.suite_versions import newest_suite_row
+from registry.transactions import Transactions
 
 
-class EvalRunMixin(ServiceBase):
+class EvalRunRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
     def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
         """Record a complete run, scored on a registered version of the task's own suite."""
         _validate(run)
-        with self._write() as s:
+        with self.tx.write() as s:
             cand = get_candidate_row(s, run.task, run.candidate)
             run = replace(run, suite_version=str(_scored_version(s, run).version))
             row = EvalRunRow(
@@ -49,7 +52,7 @@ class EvalRunMixin(ServiceBase):
             )
             s.add(row)
             s.flush()
-            self._audit(
+            self.tx.audit(
                 s,
                 "eval.record",
                 "eval_run",
@@ -59,7 +62,7 @@ class EvalRunMixin(ServiceBase):
             return eval_entity(s, row)
 
     def get_eval_run(self, run_id: int) -> e.EvalRun:
-        with self._read() as s:
+        with self.tx.read() as s:
             row = s.get(EvalRunRow, run_id)
             if row is None:
                 raise NotFound(f"unknown eval run {run_id}")
@@ -67,7 +70,7 @@ class EvalRunMixin(ServiceBase):
 
     def list_eval_runs(self, task: str, candidate: str | None = None) -> list[e.EvalRun]:
         """Eval runs of a task (optionally one candidate), newest first."""
-        with self._read() as s:
+        with self.tx.read() as s:
             task_row = get_task_row(s, task)
             query = (
                 select(EvalRunRow)
@@ -91,7 +94,7 @@ class EvalRunMixin(ServiceBase):
         """Per candidate, the run that ranks it: on the newest version of the task's suite and
         its test split only (a run of another version, another folder or the training split
         never ranks), the newest full run, else the newest sampled one."""
-        with self._read() as s:
+        with self.tx.read() as s:
             task_row = get_task_row(s, task)
             suite = newest_suite_row(s, task_row.suite)
             if suite is None:

@@ -8,20 +8,20 @@ and reported placement epochs from the database alone, also while NATS is down.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.errors import InvalidInput
 from registry.models import WorkerRow, utcnow
+from registry.placements import PlacementRepository
+from registry.transactions import Transactions
 
 
-class FleetMixin(ServiceBase):
-    if TYPE_CHECKING:  # provided by PlacementMixin in `Registry`
-
-        def list_placements(self) -> list[e.Placement]: ...
+class FleetRepository:
+    def __init__(self, tx: Transactions, placements: PlacementRepository) -> None:
+        self.tx = tx
+        self.placements = placements  # the desired epochs the workers' reports are set against
 
     def record_worker_report(
         self, report: e.WorkerReport, *, seen_at: datetime | None = None
@@ -38,7 +38,7 @@ class FleetMixin(ServiceBase):
             raise InvalidInput("worker id must be 1 to 128 characters")
         if report.memory_used < 0 or report.memory_budget < 0:
             raise InvalidInput("worker memory figures must be >= 0")
-        with self._write() as s:
+        with self.tx.write() as s:
             row = s.scalar(select(WorkerRow).where(WorkerRow.worker_id == report.worker_id))
             if row is None:
                 row = WorkerRow(worker_id=report.worker_id)
@@ -65,7 +65,7 @@ class FleetMixin(ServiceBase):
         """Flag workers silent since ``seen_before``, or the named ones; returns the ids flagged."""
         if seen_before is None and worker_ids is None:
             raise InvalidInput("give seen_before or worker_ids")
-        with self._write() as s:
+        with self.tx.write() as s:
             query = select(WorkerRow.worker_id).where(WorkerRow.reachable.is_(True))
             if seen_before is not None:
                 query = query.where(WorkerRow.seen_at < seen_before)
@@ -80,7 +80,7 @@ class FleetMixin(ServiceBase):
 
     def forget_workers(self, seen_before: datetime) -> list[str]:
         """Delete unreachable workers not heard of since ``seen_before`` (retired machines)."""
-        with self._write() as s:
+        with self.tx.write() as s:
             rows = list(
                 s.scalars(
                     select(WorkerRow).where(
@@ -93,7 +93,7 @@ class FleetMixin(ServiceBase):
             return sorted(r.worker_id for r in rows)
 
     def list_workers(self, *, reachable_only: bool = False) -> list[e.Worker]:
-        with self._read() as s:
+        with self.tx.read() as s:
             query = select(WorkerRow).order_by(WorkerRow.worker_id)
             if reachable_only:
                 query = query.where(WorkerRow.reachable.is_(True))
@@ -112,7 +112,7 @@ class FleetMixin(ServiceBase):
                 published_at=p.published_at,
                 reported={w.worker_id: w.epochs[p.task] for w in workers if p.task in w.epochs},
             )
-            for p in self.list_placements()
+            for p in self.placements.list_placements()
         ]
 
 

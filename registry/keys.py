@@ -8,18 +8,28 @@ from sqlalchemy import select
 
 from httpapi.tokens import TOKEN_PREFIX, bearer_token, key_prefix, token_hash, token_matches
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.catalog import check_name
 from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
 from registry.models import ApiKeyRow, utcnow
+from registry.transactions import Transactions
 
 ROLES = ("viewer", "promoter", "admin", "caller")
 MAX_TOKEN_CHARS = 256  # tokens are ~45 characters
 # The token helpers live in `httpapi.tokens` (the gateway reads tokens without a registry).
-__all__ = ["ROLES", "TOKEN_PREFIX", "ApiKeyMixin", "api_key_entity", "bearer_token", "key_prefix"]
+__all__ = [
+    "ROLES",
+    "TOKEN_PREFIX",
+    "ApiKeyRepository",
+    "api_key_entity",
+    "bearer_token",
+    "key_prefix",
+]
 
 
-class ApiKeyMixin(ServiceBase):
+class ApiKeyRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
     def create_api_key(
         self,
         name: str,
@@ -38,7 +48,7 @@ class ApiKeyMixin(ServiceBase):
         prefix = secrets.token_hex(4)
         secret = secrets.token_urlsafe(24)
         token = f"{TOKEN_PREFIX}_{prefix}_{secret}"
-        with self._write() as s:
+        with self.tx.write() as s:
             if s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name)):
                 raise AlreadyExists(f"api key {name!r} already exists")
             row = ApiKeyRow(
@@ -52,7 +62,7 @@ class ApiKeyMixin(ServiceBase):
             )
             s.add(row)
             s.flush()
-            self._audit(s, "apikey.create", "api_key", name, {"roles": row.roles})
+            self.tx.audit(s, "apikey.create", "api_key", name, {"roles": row.roles})
             return api_key_entity(row), token
 
     def authenticate(self, token: str) -> e.ApiKey:
@@ -60,7 +70,7 @@ class ApiKeyMixin(ServiceBase):
         # A login form can carry what no header can (NUL, any length): refused before a query.
         if prefix is None or len(token) > MAX_TOKEN_CHARS or "\x00" in token:
             raise Unauthenticated("malformed API key")
-        with self._read() as s:
+        with self.tx.read() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))
             if row is None or not token_matches(token, row.secret_hash):
                 raise Unauthenticated("unknown API key")
@@ -69,30 +79,30 @@ class ApiKeyMixin(ServiceBase):
             return api_key_entity(row)
 
     def revoke_api_key(self, name: str) -> None:
-        with self._write() as s:
+        with self.tx.write() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
             if row is None:
                 raise NotFound(f"unknown api key {name!r}")
             row.revoked_at = utcnow()
-            self._audit(s, "apikey.revoke", "api_key", name)
+            self.tx.audit(s, "apikey.revoke", "api_key", name)
 
     def set_api_key_quota(
         self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
     ) -> e.ApiKey:
         """Set (or with ``None`` remove) the gateway's request-rate limit of a key."""
         _check_quota(rate_limit_per_s, rate_burst)
-        with self._write() as s:
+        with self.tx.write() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
             if row is None:
                 raise NotFound(f"unknown api key {name!r}")
             row.rate_limit_per_s = rate_limit_per_s
             row.rate_burst = rate_burst
             detail = {"rate_limit_per_s": rate_limit_per_s, "rate_burst": rate_burst}
-            self._audit(s, "apikey.quota", "api_key", name, detail)
+            self.tx.audit(s, "apikey.quota", "api_key", name, detail)
             return api_key_entity(row)
 
     def list_api_keys(self) -> list[e.ApiKey]:
-        with self._read() as s:
+        with self.tx.read() as s:
             return [
                 api_key_entity(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
             ]
@@ -100,7 +110,7 @@ class ApiKeyMixin(ServiceBase):
     def api_key_digests(self) -> list[e.ApiKeyDigest]:
         """Every key with the sha256 of its token: what gateways verify keys against (the
         control plane publishes it to NATS; the plain token is never stored anywhere)."""
-        with self._read() as s:
+        with self.tx.read() as s:
             rows = s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
             return [e.ApiKeyDigest(api_key_entity(r), r.secret_hash) for r in rows]
 

@@ -13,23 +13,26 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.errors import InvalidInput, NotFound
 from registry.models import CandidateRow, PlacementRow, PromotionRow, TaskRow, utcnow
 from registry.rows import get_task_row
 from registry.runtimes import DEFAULT_RUNTIME
+from registry.transactions import Transactions
 
 
-class PlacementMixin(ServiceBase):
+class PlacementRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
     def current_placement(self, task: str) -> e.Placement | None:
-        with self._read() as s:
+        with self.tx.read() as s:
             task_row = get_task_row(s, task)
             row = latest_placement_row(s, task_row.id)
             return placement_entity(s, row) if row else None
 
     def list_placements(self) -> list[e.Placement]:
         """The newest placement of every task that has one."""
-        with self._read() as s:
+        with self.tx.read() as s:
             newest = (
                 select(PlacementRow.task_id, func.max(PlacementRow.epoch).label("epoch"))
                 .group_by(PlacementRow.task_id)
@@ -49,7 +52,7 @@ class PlacementMixin(ServiceBase):
         return [p for p in self.list_placements() if p.published_at is None]
 
     def mark_published(self, task: str, epoch: int) -> None:
-        with self._write() as s:
+        with self.tx.write() as s:
             task_row = get_task_row(s, task)
             row = s.scalar(
                 select(PlacementRow).where(

@@ -13,10 +13,10 @@ from datetime import timedelta
 from sqlalchemy import delete, or_, select
 
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.errors import InvalidInput, NotFound
 from registry.keys import api_key_entity
 from registry.models import ApiKeyRow, DashboardSessionRow, utcnow
+from registry.transactions import Transactions
 
 # Ended or expired sessions are deleted this long after, to keep the table small.
 _KEEP_ENDED = timedelta(days=1)
@@ -26,14 +26,17 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class DashboardSessionMixin(ServiceBase):
+class DashboardSessionRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
     def start_session(self, key_name: str, *, max_age_s: int) -> str:
         """A new session for the key; returns its token (stored only as a hash)."""
         if max_age_s <= 0:
             raise InvalidInput("a session must last more than 0 s")
         token = secrets.token_urlsafe(32)
         now = utcnow()
-        with self._write() as s:
+        with self.tx.write() as s:
             key = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == key_name))
             if key is None:
                 raise NotFound(f"unknown api key {key_name!r}")
@@ -53,12 +56,12 @@ class DashboardSessionMixin(ServiceBase):
                     expires_at=now + timedelta(seconds=max_age_s),
                 )
             )
-            self._audit(s, "session.start", "api_key", key_name)
+            self.tx.audit(s, "session.start", "api_key", key_name)
         return token
 
     def session_key(self, token: str) -> e.ApiKey | None:
         """The key of a live session (not ended, not expired, key not revoked), else None."""
-        with self._read() as s:
+        with self.tx.read() as s:
             row = s.execute(
                 select(DashboardSessionRow, ApiKeyRow)
                 .join(ApiKeyRow, ApiKeyRow.id == DashboardSessionRow.api_key_id)
@@ -73,7 +76,7 @@ class DashboardSessionMixin(ServiceBase):
 
     def end_session(self, token: str) -> None:
         """Log out: the session's cookie no longer signs anyone in. Unknown tokens: nothing."""
-        with self._write() as s:
+        with self.tx.write() as s:
             session = s.scalar(
                 select(DashboardSessionRow).where(DashboardSessionRow.token_hash == _hash(token))
             )
@@ -81,4 +84,4 @@ class DashboardSessionMixin(ServiceBase):
                 return
             session.ended_at = utcnow()
             key = s.get(ApiKeyRow, session.api_key_id)
-            self._audit(s, "session.end", "api_key", key.name if key else "?")
+            self.tx.audit(s, "session.end", "api_key", key.name if key else "?")

@@ -17,20 +17,23 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry import entities as e
-from registry.base import ServiceBase
 from registry.errors import InvalidInput, NotFound
 from registry.kinds import SUITE_KINDS
 from registry.models import SuiteRow
+from registry.transactions import Transactions
 
 SUITE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-class SuiteMixin(ServiceBase):
+class SuiteRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
     def add_suite(self, suite: e.SuiteCreate) -> tuple[e.Suite, bool]:
         """Register a suite version; returns (version, created). Same fingerprint: not created."""
         _validate(suite)
-        with self._write() as s:
+        with self.tx.write() as s:
             same = s.scalar(
                 select(SuiteRow).where(
                     SuiteRow.name == suite.name, SuiteRow.fingerprint == suite.fingerprint
@@ -61,7 +64,7 @@ class SuiteMixin(ServiceBase):
             )
             s.add(row)
             s.flush()
-            self._audit(
+            self.tx.audit(
                 s,
                 "suite.add",
                 "suite",
@@ -72,7 +75,7 @@ class SuiteMixin(ServiceBase):
 
     def get_suite(self, name: str, version: int | None = None) -> e.Suite:
         """A suite's newest version, or the given one."""
-        with self._read() as s:
+        with self.tx.read() as s:
             if version is None:
                 row = newest_suite_row(s, name)
             else:
@@ -90,7 +93,7 @@ class SuiteMixin(ServiceBase):
 
     def suite_versions(self, name: str) -> list[e.Suite]:
         """Every version of a suite, newest first."""
-        with self._read() as s:
+        with self.tx.read() as s:
             rows = list(
                 s.scalars(
                     select(SuiteRow).where(SuiteRow.name == name).order_by(SuiteRow.version.desc())
@@ -102,7 +105,7 @@ class SuiteMixin(ServiceBase):
 
     def list_suites(self) -> list[e.Suite]:
         """The newest version of every suite, by name."""
-        with self._read() as s:
+        with self.tx.read() as s:
             newest = (
                 select(SuiteRow.name, func.max(SuiteRow.version).label("version"))
                 .group_by(SuiteRow.name)
