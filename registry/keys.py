@@ -8,8 +8,8 @@ from sqlalchemy import select
 
 from httpapi.tokens import TOKEN_PREFIX, bearer_token, key_prefix, token_hash, token_matches
 from registry import entities as e
-from registry.catalog import check_name
 from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
+from registry.kinds import check_name
 from registry.models import ApiKeyRow, utcnow
 from registry.transactions import Transactions
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from httpapi.errors import ErrorCode
 from registry import entities as e
 from registry.bootstrap import paired_run_difference
-from registry.catalog import CatalogMixin
+from registry.candidates import CandidateRepository
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import ranking_run_row
 from registry.kinds import BASELINE_KINDS
@@ -53,6 +53,7 @@ from registry.rows import candidate_entity, get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
 from registry.store import UNSET
 from registry.suite_versions import newest_suite_row
+from registry.transactions import Transactions
 
 # How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
 # through another runtime differ only by float rounding.
@@ -72,15 +73,19 @@ class PromotionRequired(InvalidInput):
     code = ErrorCode.PROMOTION_REQUIRED
 
 
-class PromotionMixin(CatalogMixin):
+class PromotionRepository:
+    def __init__(self, tx: Transactions, candidates: CandidateRepository) -> None:
+        self.tx = tx
+        self.candidates = candidates
+
     def champion(self, task: str) -> e.Candidate | None:
-        with self._read() as s:
+        with self.tx.read() as s:
             row = _champion_row(s, get_task_row(s, task).id)
             return candidate_entity(s, row) if row else None
 
     def list_promotions(self, task: str) -> list[e.Promotion]:
         """The append-only promotion history of a task, newest first."""
-        with self._read() as s:
+        with self.tx.read() as s:
             rows = s.scalars(
                 select(PromotionRow)
                 .where(PromotionRow.task_id == get_task_row(s, task).id)
@@ -95,7 +100,7 @@ class PromotionMixin(CatalogMixin):
 
         ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
         """
-        with self._read() as s:
+        with self.tx.read() as s:
             task_row = get_task_row(s, task)
             cand = get_candidate_row(s, task, candidate)
             champion = _champion(s, task_row.id)
@@ -223,14 +228,14 @@ class PromotionMixin(CatalogMixin):
         caller looked, nothing happens and Conflict is raised. `pinned`/`replicas` set the new
         epoch's placement (default: the previous epoch's; pinned and 1 for a first champion).
         """
-        if not set(self.roles) & set(PROMOTE_ROLES):
+        if not set(self.tx.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("promoting needs the promoter or admin role")
-        candidate_kind = self.get_candidate(task, candidate).kind
+        candidate_kind = self.candidates.get_candidate(task, candidate).kind
         if candidate_kind in BASELINE_KINDS:
             raise InvalidInput(f"a {candidate_kind} candidate has no model to place on the fleet")
         check = self.check_promotion(task, candidate, runtime)
         runtime = check.runtime or DEFAULT_RUNTIME
-        with self._read() as s:
+        with self.tx.read() as s:
             # No override places what the runtime cannot serve: it would fail every request.
             problem = _servable_problem(
                 s, get_task_row(s, task), get_candidate_row(s, task, candidate), runtime
@@ -246,7 +251,7 @@ class PromotionMixin(CatalogMixin):
                     f"cannot promote {candidate!r}: {check.reason}; an admin may override "
                     "with a reason"
                 )
-            if "admin" not in self.roles:
+            if "admin" not in self.tx.roles:
                 raise PermissionDenied("overriding the promotion rule needs the admin role")
             if not reason.strip():
                 raise InvalidInput("overriding the promotion rule needs a reason")
@@ -269,9 +274,9 @@ class PromotionMixin(CatalogMixin):
         self, task: str, *, reason: str = "", expected_champion: str | None = UNSET
     ) -> e.Promotion:
         """Return the task to the champion before the current one."""
-        if not set(self.roles) & set(PROMOTE_ROLES):
+        if not set(self.tx.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("rolling back needs the promoter or admin role")
-        with self._read() as s:
+        with self.tx.read() as s:
             task_row = get_task_row(s, task)
             last = _latest_promotion(s, task_row.id, CANDIDATE_CHANGES)
             if last is None or last.previous_candidate_id is None:
@@ -310,11 +315,11 @@ class PromotionMixin(CatalogMixin):
         another candidate than the champion (written before this rule) is put back on the
         champion. Nothing to change: the current placement, no new epoch.
         """
-        if not set(self.roles) & set(PROMOTE_ROLES):
+        if not set(self.tx.roles) & set(PROMOTE_ROLES):
             raise PermissionDenied("changing a placement needs the promoter or admin role")
         if replicas is not None:
             check_replicas(replicas)
-        with self._write() as s:
+        with self.tx.write() as s:
             task_row = get_task_row(s, task)
             champion = _champion(s, task_row.id)
             if champion is None:
@@ -357,7 +362,7 @@ class PromotionMixin(CatalogMixin):
                 task_row,
                 champ,
                 kind="placement",
-                actor=self.actor,
+                actor=self.tx.actor,
                 reason=reason.strip() or "; ".join(changes),
                 previous=placed,
                 eval_run_ids=[],
@@ -367,7 +372,7 @@ class PromotionMixin(CatalogMixin):
             )
             placement = s.get(PlacementRow, row.placement_id)
             assert placement is not None
-            self._audit(
+            self.tx.audit(
                 s,
                 "placement.set",
                 "placement",
@@ -395,7 +400,7 @@ class PromotionMixin(CatalogMixin):
         pinned: bool | None = None,
         replicas: int | None = None,
     ) -> e.Promotion:
-        with self._write() as s:
+        with self.tx.write() as s:
             task_row = get_task_row(s, task)
             cand = get_candidate_row(s, task, candidate)
             champion = _champion(s, task_row.id)
@@ -415,7 +420,7 @@ class PromotionMixin(CatalogMixin):
                 task_row,
                 cand,
                 kind=kind,
-                actor=self.actor,
+                actor=self.tx.actor,
                 reason=reason,
                 previous=champ,
                 eval_run_ids=eval_run_ids,
@@ -424,7 +429,7 @@ class PromotionMixin(CatalogMixin):
                 runtime=runtime,
             )
             entity = promotion_entity(s, row)
-            self._audit(
+            self.tx.audit(
                 s,
                 f"task.{kind}",
                 "task",
@@ -447,14 +452,16 @@ class PromotionMixin(CatalogMixin):
         # Moving the champion to another runtime is an operator's decision, never automatic.
         if not check.passes or check.champion == candidate:
             return None
-        system = type(self)(self.tx.acting_as(AUTO_PROMOTE_ACTOR, ("promoter",)), self.artifacts)
+        system = PromotionRepository(
+            self.tx.acting_as(AUTO_PROMOTE_ACTOR, ("promoter",)), self.candidates
+        )
         try:
             return system.promote(task, candidate, reason="auto-promotion: rule met")
         except Conflict:
             return None  # someone else promoted in between; their record stands
 
     def get_task_auto_promote(self, task: str) -> bool:
-        with self._read() as s:
+        with self.tx.read() as s:
             return get_task_row(s, task).auto_promote
 
 

@@ -1,10 +1,11 @@
 """The registry service: the only writer of the database.
 
-`Registry` is the one SQLAlchemy implementation of `registry.store.AbstractStore`, split by
-entity into small mixins (suites, catalog, eval runs, placements and promotions, API keys,
-dashboard sessions, workers); each public method is one transaction that also appends to the
-audit log. Callers that need only part of it type against the narrower views in
-`registry/store.py`.
+`Registry` is the one SQLAlchemy implementation of `registry.store.AbstractStore`. It holds one
+repository per entity (suite versions, tasks, base models, adapters, candidates, variants, eval
+runs, placements, promotions, API keys, dashboard sessions, the fleet) and hands each call to
+the one that owns it; it inherits nothing but the interface. Each public method is one
+transaction (`registry/transactions.py`) that also appends to the audit log. Callers that need
+only part of it type against the narrower views in `registry/store.py`.
 """
 
 from __future__ import annotations
@@ -14,29 +15,36 @@ from pathlib import Path
 
 from registry import db
 from registry import entities as e
+from registry.adapters import AdapterRepository
 from registry.artifacts import ArtifactStore
+from registry.base_models import BaseModelRepository
+from registry.candidates import CandidateRepository
 from registry.evalruns import EvalRunRepository
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
 from registry.placements import PlacementRepository
-from registry.promotions import PromotionMixin
+from registry.promotions import PromotionRepository
 from registry.sessions import DashboardSessionRepository
-from registry.store import AbstractStore
+from registry.store import UNSET, AbstractStore, VariantBuilder
 from registry.suite_versions import SuiteRepository
+from registry.tasks import TaskRepository
 from registry.transactions import Transactions
-from registry.variants import VariantMixin
+from registry.variants import VariantRepository
 
 
-class Registry(
-    PromotionMixin,
-    VariantMixin,
-    AbstractStore,  # last: the mixins' methods implement its abstract ones
-):
+class Registry(AbstractStore):
     def __init__(self, tx: Transactions, artifacts: ArtifactStore) -> None:
-        super().__init__(tx, artifacts)
+        self.tx = tx
+        self.artifacts = artifacts
         self._suites = SuiteRepository(tx)
+        self._tasks = TaskRepository(tx)
+        self._models = BaseModelRepository(tx)
+        self._adapters = AdapterRepository(tx, artifacts)
+        self._candidates = CandidateRepository(tx, self._models, self._adapters)
+        self._variants = VariantRepository(tx, artifacts, self._models, self._candidates)
         self._eval_runs = EvalRunRepository(tx)
         self._placements = PlacementRepository(tx)
+        self._promotions = PromotionRepository(tx, self._candidates)
         self._keys = ApiKeyRepository(tx)
         self._sessions = DashboardSessionRepository(tx)
         self._fleet = FleetRepository(tx, self._placements)
@@ -58,6 +66,9 @@ class Registry(
     def close(self) -> None:
         self.tx.close()
 
+    def audit_log(self, limit: int = 100) -> list[e.AuditEntry]:
+        return self.tx.audit_log(limit)
+
     # ---- suite versions ----------------------------------------------------------------
     def add_suite(self, suite: e.SuiteCreate) -> tuple[e.Suite, bool]:
         return self._suites.add_suite(suite)
@@ -70,6 +81,150 @@ class Registry(
 
     def list_suites(self) -> list[e.Suite]:
         return self._suites.list_suites()
+
+    # ---- tasks -------------------------------------------------------------------------
+    def add_task(
+        self,
+        name: str,
+        *,
+        suite: str,
+        kind: str | None = None,
+        description: str = "",
+        owner: str = "",
+        margin: float = 0.0,
+        auto_promote: bool = False,
+    ) -> e.Task:
+        return self._tasks.add_task(
+            name,
+            suite=suite,
+            kind=kind,
+            description=description,
+            owner=owner,
+            margin=margin,
+            auto_promote=auto_promote,
+        )
+
+    def get_task(self, name: str) -> e.Task:
+        return self._tasks.get_task(name)
+
+    def list_tasks(self) -> list[e.Task]:
+        return self._tasks.list_tasks()
+
+    # ---- base models -------------------------------------------------------------------
+    def add_model(
+        self,
+        name: str,
+        *,
+        path: Path | None = None,
+        package: str | None = None,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        runtime_kinds: list[str] | None = None,
+    ) -> e.BaseModel:
+        return self._models.add_model(
+            name,
+            path=path,
+            package=package,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            runtime_kinds=runtime_kinds,
+        )
+
+    def set_model_runtimes(self, name: str, runtime_kinds: list[str]) -> e.BaseModel:
+        return self._models.set_model_runtimes(name, runtime_kinds)
+
+    def get_model(self, name: str) -> e.BaseModel:
+        return self._models.get_model(name)
+
+    def list_models(self) -> list[e.BaseModel]:
+        return self._models.list_models()
+
+    def model_path(self, name: str) -> Path:
+        return self._models.model_path(name)
+
+    def derive_model(
+        self, base: str, variant: str, *, build: VariantBuilder | None, name: str | None = None
+    ) -> e.BaseModel:
+        return self._variants.derive_model(base, variant, build=build, name=name)
+
+    # ---- adapters ----------------------------------------------------------------------
+    def register_adapter(
+        self,
+        name: str,
+        *,
+        base: str,
+        source_dir: Path,
+        training: e.TrainingRecord,
+        parent: str | None = None,
+    ) -> e.Adapter:
+        return self._adapters.register_adapter(
+            name, base=base, source_dir=source_dir, training=training, parent=parent
+        )
+
+    def get_adapter(self, name: str) -> e.Adapter:
+        return self._adapters.get_adapter(name)
+
+    def list_adapters(self, base: str | None = None) -> list[e.Adapter]:
+        return self._adapters.list_adapters(base)
+
+    def adapter_path(self, name: str) -> Path:
+        return self._adapters.adapter_path(name)
+
+    def lineage(self, name: str) -> list[e.Adapter]:
+        return self._adapters.lineage(name)
+
+    def children(self, name: str) -> list[e.Adapter]:
+        return self._adapters.children(name)
+
+    # ---- candidates --------------------------------------------------------------------
+    def add_candidate(
+        self,
+        task: str,
+        *,
+        name: str | None = None,
+        base: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+        variant: str | None = None,
+        build_variant: VariantBuilder | None = None,
+    ) -> e.Candidate:
+        if variant is None:
+            return self._candidates.add_candidate(
+                task, name=name, base=base, adapter=adapter, kind=kind
+            )
+        return self._variants.add_candidate(
+            task,
+            variant=variant,
+            base=base,
+            build=build_variant,
+            name=name,
+            adapter=adapter,
+            kind=kind,
+        )
+
+    def add_variant_candidate(
+        self,
+        task: str,
+        *,
+        base: str,
+        variant: str,
+        build: VariantBuilder | None,
+        name: str | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+    ) -> e.Candidate:
+        return self._variants.add_variant_candidate(
+            task, base=base, variant=variant, build=build, name=name, adapter=adapter, kind=kind
+        )
+
+    def get_candidate(self, task: str, name: str) -> e.Candidate:
+        return self._candidates.get_candidate(task, name)
+
+    def list_candidates(self, task: str) -> list[e.Candidate]:
+        return self._candidates.list_candidates(task)
+
+    def artifact_digests(self) -> set[str]:
+        return self._candidates.artifact_digests()
 
     # ---- eval runs ---------------------------------------------------------------------
     def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
@@ -107,6 +262,71 @@ class Registry(
 
     def mark_published(self, task: str, epoch: int) -> None:
         self._placements.mark_published(task, epoch)
+
+    # ---- promotions --------------------------------------------------------------------
+    def champion(self, task: str) -> e.Candidate | None:
+        return self._promotions.champion(task)
+
+    def list_promotions(self, task: str) -> list[e.Promotion]:
+        return self._promotions.list_promotions(task)
+
+    def check_promotion(
+        self, task: str, candidate: str, runtime: str | None = None
+    ) -> e.PromotionCheck:
+        return self._promotions.check_promotion(task, candidate, runtime)
+
+    def promote(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        reason: str = "",
+        override: bool = False,
+        expected_champion: str | None = UNSET,
+        pinned: bool | None = None,
+        replicas: int | None = None,
+        runtime: str | None = None,
+    ) -> e.Promotion:
+        return self._promotions.promote(
+            task,
+            candidate,
+            reason=reason,
+            override=override,
+            expected_champion=expected_champion,
+            pinned=pinned,
+            replicas=replicas,
+            runtime=runtime,
+        )
+
+    def rollback(
+        self, task: str, *, reason: str = "", expected_champion: str | None = UNSET
+    ) -> e.Promotion:
+        return self._promotions.rollback(task, reason=reason, expected_champion=expected_champion)
+
+    def update_placement(
+        self,
+        task: str,
+        *,
+        pinned: bool | None = None,
+        replicas: int | None = None,
+        candidate: str | None = None,
+        runtime: str | None = None,
+        reason: str = "",
+    ) -> e.Placement:
+        return self._promotions.update_placement(
+            task,
+            pinned=pinned,
+            replicas=replicas,
+            candidate=candidate,
+            runtime=runtime,
+            reason=reason,
+        )
+
+    def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
+        return self._promotions.maybe_auto_promote(task, candidate)
+
+    def get_task_auto_promote(self, task: str) -> bool:
+        return self._promotions.get_task_auto_promote(task)
 
     # ---- API keys ----------------------------------------------------------------------
     def create_api_key(

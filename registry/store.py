@@ -2,10 +2,10 @@
 
 Shaped like MLflow's model-registry ``AbstractStore``: an interface of plain methods that take
 and return the plain entities of ``registry/entities.py`` (never ORM rows), and one SQLAlchemy
-implementation, ``registry.Registry`` (``registry/service.py``), split by entity into
-``registry/{suites,catalog,variants,evalruns,placements,promotions,keys,sessions,fleet}.py``
-over the rows of ``registry/models.py`` (shared lookups in ``registry/rows.py``). Alembic
-migrations are the only way the schema moves.
+implementation, ``registry.Registry`` (``registry/service.py``), which holds one repository per
+entity (``registry/{suite_versions,tasks,base_models,adapters,candidates,variants,evalruns,
+placements,promotions,keys,sessions,fleet}.py``) over the rows of ``registry/models.py``
+(shared lookups in ``registry/rows.py``). Alembic migrations are the only way the schema moves.
 
 The interface is cut along what roles read, so a caller types against the narrowest view it
 needs: the placement and directory publisher against ``PublisherStore``, the control plane's
@@ -156,7 +156,8 @@ class SuiteStore(ABC):
 
 
 class CatalogStore(ABC):
-    """Writes and lists of the catalog, and the audit log (``registry/catalog.py``)."""
+    """Writes and lists of the catalog (``registry/{tasks,base_models,adapters,candidates}.py``),
+    and the audit log (``registry/transactions.py``)."""
 
     @abstractmethod
     def add_task(

@@ -18,11 +18,10 @@ from sqlalchemy.orm import Session
 
 from registry import entities as e
 from registry.errors import InvalidInput, NotFound
-from registry.kinds import SUITE_KINDS
+from registry.kinds import SUITE_KINDS, check_name
 from registry.models import SuiteRow
 from registry.transactions import Transactions
 
-SUITE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -123,11 +122,7 @@ class SuiteRepository:
 
 
 def _validate(suite: e.SuiteCreate) -> None:
-    if not SUITE_NAME_RE.fullmatch(suite.name):
-        raise InvalidInput(
-            f"invalid suite name {suite.name!r}: use lowercase letters, digits, '.', '_' or '-' "
-            "(starting with a letter or digit, at most 128 characters)"
-        )
+    check_name("suite", suite.name)
     if suite.kind not in SUITE_KINDS:
         raise InvalidInput(f"unknown suite kind {suite.kind!r}; known: {', '.join(SUITE_KINDS)}")
     if not _FINGERPRINT_RE.fullmatch(suite.fingerprint):

@@ -19,13 +19,16 @@ from pathlib import Path
 from sqlalchemy import select
 
 from registry import entities as e
-from registry.catalog import CatalogMixin
+from registry.artifacts import ArtifactStore
+from registry.base_models import BaseModelRepository
+from registry.candidates import CandidateRepository
 from registry.errors import AlreadyExists, InvalidInput, NotImplementedHere
 from registry.fingerprint import sequence_classifier_labels
 from registry.models import BaseModelRow
 from registry.rows import get_model_row, get_task_row, model_entity
 from registry.runtimes import MODEL_VARIANTS, VARIANT_RUNTIMES
 from registry.store import VariantBuilder
+from registry.transactions import Transactions
 
 
 def check_variant(variant: str) -> str:
@@ -34,20 +37,32 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-class VariantMixin(CatalogMixin):
+class VariantRepository:
+    def __init__(
+        self,
+        tx: Transactions,
+        artifacts: ArtifactStore,
+        models: BaseModelRepository,
+        candidates: CandidateRepository,
+    ) -> None:
+        self.tx = tx
+        self.artifacts = artifacts  # a built variant is stored like an adapter, by sha256
+        self.models = models  # the source model, and the derived one's record
+        self.candidates = candidates  # a variant competes as an ordinary embedding candidate
+
     def derive_model(
         self, base: str, variant: str, *, build: VariantBuilder | None, name: str | None = None
     ) -> e.BaseModel:
         """The ``variant`` of base model ``base`` (built by ``build`` and registered on first
         use; the same variant of the same source is reused, no builder needed)."""
         check_variant(variant)
-        source = self.get_model(base)
+        source = self.models.get_model(base)
         if source.variant is not None:
             raise InvalidInput(
                 f"model {base!r} is already an {source.variant} variant of {source.source!r}; "
                 f"derive from {source.source!r}"
             )
-        folder = self.model_path(base)
+        folder = self.models.model_path(base)
         if sequence_classifier_labels(folder) is not None:
             raise InvalidInput(
                 f"model {base!r} is a sequence classifier (a cross-encoder or classifier); "
@@ -59,7 +74,7 @@ class VariantMixin(CatalogMixin):
                 " variants are built of embedding models only"
             )
         derived_name = name or f"{base}-{variant}"
-        with self._read() as s:
+        with self.tx.read() as s:
             row = s.scalar(select(BaseModelRow).where(BaseModelRow.name == derived_name))
             if row is not None:
                 if row.source_model_id == source.id and row.variant == variant:
@@ -77,7 +92,7 @@ class VariantMixin(CatalogMixin):
             manifest = build(folder, built, variant, source.sha256)
             digest = self.artifacts.put_dir(built)
         stored = self.artifacts.path_for(digest.sha256)
-        with self._write() as s:
+        with self.tx.write() as s:
             if s.scalar(select(BaseModelRow).where(BaseModelRow.name == derived_name)):
                 raise AlreadyExists(f"model {derived_name!r} already exists")
             source_row = get_model_row(s, base)
@@ -97,7 +112,7 @@ class VariantMixin(CatalogMixin):
             )
             s.add(row)
             s.flush()
-            self._audit(
+            self.tx.audit(
                 s,
                 "model.derive",
                 "base_model",
@@ -110,17 +125,14 @@ class VariantMixin(CatalogMixin):
         self,
         task: str,
         *,
+        variant: str,
+        base: str | None,
+        build: VariantBuilder | None,
         name: str | None = None,
-        base: str | None = None,
         adapter: str | None = None,
         kind: str | None = None,
-        variant: str | None = None,
-        build_variant: VariantBuilder | None = None,
     ) -> e.Candidate:
-        """``CatalogMixin.add_candidate``, or with ``variant`` the variant of ``base`` built by
-        ``build_variant``."""
-        if variant is None:
-            return super().add_candidate(task, name=name, base=base, adapter=adapter, kind=kind)
+        """``add_candidate`` with a ``variant``: the variant of ``base`` built by ``build``."""
         check_variant(variant)
         if base is None:
             raise InvalidInput(f"an {variant} variant needs the base model it is derived from")
@@ -128,7 +140,7 @@ class VariantMixin(CatalogMixin):
             task,
             base=base,
             variant=variant,
-            build=build_variant,
+            build=build,
             name=name,
             adapter=adapter,
             kind=kind,
@@ -156,7 +168,7 @@ class VariantMixin(CatalogMixin):
             )
         if kind not in (None, "embedding"):
             raise InvalidInput(f"an {variant} variant is an embedding candidate, not {kind!r}")
-        with self._read() as s:
+        with self.tx.read() as s:
             task_kind = get_task_row(s, task).kind
         if task_kind != "retrieval":
             raise InvalidInput(
@@ -164,4 +176,4 @@ class VariantMixin(CatalogMixin):
                 "retrieval tasks"
             )
         derived = self.derive_model(base, variant, build=build)
-        return self.add_candidate(task, name=name, base=derived.name, kind="embedding")
+        return self.candidates.add_candidate(task, name=name, base=derived.name, kind="embedding")

@@ -226,7 +226,7 @@ def test_task_page_shows_the_placed_candidate_and_a_mismatch(
     expect(page.locator("#placement-mismatch")).to_have_count(0)
 
     # A placement from before every placement needed a promotion: the page says so.
-    with reg._write() as s:
+    with reg.tx.write() as s:
         task = s.scalar(select(TaskRow).where(TaskRow.name == TASK))
         weak = s.scalar(select(CandidateRow).where(CandidateRow.name == WEAK))
         assert task is not None and weak is not None

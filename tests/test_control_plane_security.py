@@ -130,7 +130,7 @@ def test_history_names_every_epoch(seeded: Registry) -> None:
 
 def _legacy_placement(reg: Registry, candidate: str) -> None:
     """A placement written by the old placement route: a new epoch, no promotion row."""
-    with reg._write() as s:
+    with reg.tx.write() as s:
         task = s.scalar(select(TaskRow).where(TaskRow.name == TASK))
         cand = s.scalar(
             select(CandidateRow).where(

@@ -33,7 +33,7 @@ def training(split: str = "dev") -> TrainingRecord:
 
 
 def counts(reg: Registry) -> dict[str, int]:
-    with reg._read() as s:
+    with reg.tx.read() as s:
         return {
             t.__tablename__: s.scalar(select(func.count()).select_from(t)) or 0
             for t in (AdapterRow, AuditRow, BaseModelRow, CandidateRow)
@@ -197,7 +197,7 @@ def test_audit_log_records_every_write(seeded: Registry) -> None:
 def test_api_keys_hashed_and_scoped(registry: Registry) -> None:
     _key, token = registry.create_api_key("lead", roles=["promoter"], tasks=["legal"])
     assert registry.authenticate(token).name == "lead"
-    with registry._read() as s:
+    with registry.tx.read() as s:
         from registry.models import ApiKeyRow
 
         stored = s.scalar(select(ApiKeyRow.secret_hash))

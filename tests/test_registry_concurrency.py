@@ -47,7 +47,7 @@ def test_concurrent_writers(db_url: str, tmp_path: Path) -> None:
     flat = [o for run in outcomes for o in run]
     assert flat.count("ok") == 8 and flat.count("exists") == 8
     reg = Registry.open(db_url, artifact_dir=tmp_path / "a")
-    with reg._read() as s:
+    with reg.tx.read() as s:
         assert s.scalar(select(func.count()).select_from(BaseModelRow)) == 8
         assert s.scalar(select(func.count()).select_from(AuditRow)) == 8
     reg.close()

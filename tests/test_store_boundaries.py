@@ -36,7 +36,11 @@ DATABASE_FREE = {
 }
 ENTITY_MODULES = (
     "suite_versions",
-    "catalog",
+    "tasks",
+    "base_models",
+    "adapters",
+    "candidates",
+    "variants",
     "evalruns",
     "placements",
     "promotions",

@@ -1,0 +1,75 @@
+"""Tasks: named jobs bound to a registered suite, whose kind they take.
+
+A task is scored on its suite's newest version (``registry/suite_versions.py``); its margin and
+``auto_promote`` are what the promotion rule and the auto-promotion step read.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from registry import entities as e
+from registry.errors import AlreadyExists, InvalidInput, NotFound
+from registry.kinds import TASK_KINDS, check_name
+from registry.models import TaskRow
+from registry.rows import get_task_row, task_entity
+from registry.suite_versions import newest_suite_row
+from registry.transactions import Transactions
+
+
+class TaskRepository:
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
+
+    def add_task(
+        self,
+        name: str,
+        *,
+        suite: str,
+        kind: str | None = None,
+        description: str = "",
+        owner: str = "",
+        margin: float = 0.0,
+        auto_promote: bool = False,
+    ) -> e.Task:
+        """Bind a new task to a registered suite; the task has the suite's kind."""
+        check_name("task", name)
+        if kind is not None and kind not in TASK_KINDS:
+            raise InvalidInput(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+        if margin < 0:
+            raise InvalidInput("margin must be >= 0")
+        with self.tx.write() as s:
+            if s.scalar(select(TaskRow).where(TaskRow.name == name)):
+                raise AlreadyExists(f"task {name!r} already exists")
+            suite_row = newest_suite_row(s, suite)
+            if suite_row is None:
+                raise NotFound(
+                    f"unknown suite {suite!r}; register it first with `taskfleet suite add "
+                    f"{suite} --kind KIND --path DIR`"
+                )
+            if kind is not None and kind != suite_row.kind:
+                raise InvalidInput(
+                    f"suite {suite!r} is a {suite_row.kind} suite; task {name!r} cannot be {kind}"
+                )
+            kind = suite_row.kind
+            row = TaskRow(
+                name=name,
+                kind=kind,
+                suite=suite,
+                description=description,
+                owner=owner,
+                margin=margin,
+                auto_promote=auto_promote,
+            )
+            s.add(row)
+            s.flush()
+            self.tx.audit(s, "task.add", "task", name, {"suite": suite, "kind": kind})
+            return task_entity(row)
+
+    def get_task(self, name: str) -> e.Task:
+        with self.tx.read() as s:
+            return task_entity(get_task_row(s, name))
+
+    def list_tasks(self) -> list[e.Task]:
+        with self.tx.read() as s:
+            return [task_entity(r) for r in s.scalars(select(TaskRow).order_by(TaskRow.name))]
