@@ -192,10 +192,10 @@ class Registry(AbstractStore):
             return self._candidates.add_candidate(
                 task, name=name, base=base, adapter=adapter, kind=kind
             )
-        return self._variants.add_candidate(
+        return self._variants.add_variant_candidate(
             task,
-            variant=variant,
             base=base,
+            variant=variant,
             build=build_variant,
             name=name,
             adapter=adapter,

@@ -121,36 +121,11 @@ class VariantRepository:
             )
             return model_entity(s, row)
 
-    def add_candidate(
-        self,
-        task: str,
-        *,
-        variant: str,
-        base: str | None,
-        build: VariantBuilder | None,
-        name: str | None = None,
-        adapter: str | None = None,
-        kind: str | None = None,
-    ) -> e.Candidate:
-        """``add_candidate`` with a ``variant``: the variant of ``base`` built by ``build``."""
-        check_variant(variant)
-        if base is None:
-            raise InvalidInput(f"an {variant} variant needs the base model it is derived from")
-        return self.add_variant_candidate(
-            task,
-            base=base,
-            variant=variant,
-            build=build,
-            name=name,
-            adapter=adapter,
-            kind=kind,
-        )
-
     def add_variant_candidate(
         self,
         task: str,
         *,
-        base: str,
+        base: str | None,
         variant: str,
         build: VariantBuilder | None,
         name: str | None = None,
@@ -161,6 +136,8 @@ class VariantRepository:
         embedding candidate. Everything a variant cannot be is refused before the (slow)
         export."""
         check_variant(variant)
+        if base is None:
+            raise InvalidInput(f"an {variant} variant needs the base model it is derived from")
         if adapter is not None:
             raise InvalidInput(
                 f"an {variant} variant cannot carry a LoRA adapter ({adapter!r}); variants are "
