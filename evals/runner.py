@@ -164,7 +164,7 @@ def run_eval(
     runtime: RuntimeTarget | None = None,
 ) -> EvalRun:
     """Evaluate a registered candidate on its task's suite (through ``runtime``, default the
-    in-process torch one) and record the run."""
+    in-process torch one), record the run, then ask for the task's auto-promotion."""
     from registry.entities import EvalRunCreate
     from serving.runtime.encoder import ModelLoadError
     from serving.runtime.heads import HeadError
@@ -220,7 +220,10 @@ def run_eval(
         runtime=resolved.runtime,
         details=result.details,
     )
-    return reg.record_eval_run(create)
+    recorded = reg.record_eval_run(create)
+    # The step a task opts into (``auto_promote``): a run that clears the rule promotes now.
+    reg.maybe_auto_promote(task, candidate.name)
+    return recorded
 
 
 def _log_to_mlflow(

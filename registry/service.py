@@ -228,10 +228,7 @@ class Registry(AbstractStore):
 
     # ---- eval runs ---------------------------------------------------------------------
     def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
-        """Record a finished eval run; tasks that opted in promote a winner right away."""
-        recorded = self._eval_runs.record_eval_run(run)
-        self.maybe_auto_promote(run.task, run.candidate)
-        return recorded
+        return self._eval_runs.record_eval_run(run)
 
     def get_eval_run(self, run_id: int) -> e.EvalRun:
         return self._eval_runs.get_eval_run(run_id)

@@ -130,7 +130,15 @@ class EvalStore(CatalogReader):
 
     @abstractmethod
     def record_eval_run(self, run: e.EvalRunCreate) -> e.EvalRun:
-        """Record a complete run, scored on a registered version of the task's own suite."""
+        """Record a complete run, scored on a registered version of the task's own suite.
+
+        Recording never promotes: a caller that wants the task's auto-promotion asks for it
+        next (``maybe_auto_promote``), as the eval runner does after every run."""
+
+    @abstractmethod
+    def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
+        """After a new eval run: promote as the system if the task opted in (``auto_promote``)
+        and the rule holds; never a runtime switch. None when nothing was promoted."""
 
     @abstractmethod
     def leaderboard(self, task: str) -> dict[str, e.EvalRun]:
@@ -361,10 +369,6 @@ class PromotionStore(ABC):
         another candidate than the champion (written before this rule) is put back on the
         champion. Nothing to change: the current placement, no new epoch.
         """
-
-    @abstractmethod
-    def maybe_auto_promote(self, task: str, candidate: str) -> e.Promotion | None:
-        """After a new eval run: promote as the system if the task opted in and the rule holds."""
 
     @abstractmethod
     def get_task_auto_promote(self, task: str) -> bool: ...

@@ -134,6 +134,22 @@ def test_leaderboard_and_paired_compare(reg: Registry, beir: Path, tmp_path: Pat
     assert result.difference.low <= expected <= result.difference.high
 
 
+def test_the_runner_asks_for_the_auto_promotion_of_a_task_that_opted_in(
+    reg: Registry, beir: Path, tmp_path: Path
+) -> None:
+    """Recording never promotes by itself; the runner's next step does, for opted-in tasks."""
+    paths = _paths(tmp_path, beir)
+    reg.add_task("auto-legal", suite=SUITE, auto_promote=True)
+    reg.add_candidate("auto-legal", name="tiny-base", base="tiny")
+    run = run_eval(reg, "auto-legal", "tiny-base", paths)
+    promoted = reg.list_promotions("auto-legal")
+    assert [(p.candidate, p.actor, p.eval_run_ids) for p in promoted] == [
+        ("tiny-base", "system:auto-promote", [run.id])
+    ]
+    run_eval(reg, TASK, "tiny-base", paths)  # the same model on a task that did not opt in
+    assert reg.champion(TASK) is None
+
+
 # ---- the CLI, as a user runs it ----------------------------------------------------------
 _CLI = (
     "from taskfleet.cli import app, main\n"

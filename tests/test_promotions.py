@@ -104,3 +104,36 @@ def test_auto_promotion_records_the_system(registry: Registry, tmp_path: Path) -
     record(registry, "auto", "b", 0.4, noise=0.02)
     latest = registry.list_promotions("auto")[0]
     assert (latest.candidate, latest.actor) == ("b", "system:auto-promote")
+
+
+def test_recording_a_run_never_promotes_the_caller_asks_for_it(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """Auto-promotion is a step of its own: record_eval_run only records, even on a task that
+    opted in; maybe_auto_promote (what the eval runner calls next) promotes."""
+    from registry.entities import EvalRunCreate
+
+    add_task(registry, "auto", suite="suite", auto_promote=True)
+    registry.add_model("a", path=make_model_dir(tmp_path / "a", b"a"))
+    registry.add_candidate("auto", base="a")
+    suite = registry.get_suite("suite")
+    registry.record_eval_run(
+        EvalRunCreate(
+            task="auto",
+            candidate="a",
+            suite_name=suite.name,
+            suite_version=str(suite.version),
+            suite_fingerprint=suite.fingerprint,
+            split=suite.test_split,
+            main_metric="ndcg_at_10",
+            metrics={"ndcg_at_10": 0.3},
+            ci={"ndcg_at_10": (0.28, 0.32)},
+            cost={"items_per_s": 100.0},
+            per_query={q: 0.3 for q in QUERIES},
+        )
+    )
+    assert registry.champion("auto") is None and registry.list_promotions("auto") == []
+    promoted = registry.maybe_auto_promote("auto", "a")
+    assert promoted is not None
+    assert (promoted.candidate, promoted.actor) == ("a", "system:auto-promote")
+    assert registry.maybe_auto_promote("auto", "a") is None  # already the champion

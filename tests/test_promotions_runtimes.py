@@ -122,7 +122,7 @@ def test_model_runtimes_are_validated_and_audited(fleet: Registry) -> None:
 def test_auto_promotion_never_switches_runtimes(fleet: Registry) -> None:
     add_task(fleet, "auto", suite="suite", auto_promote=True)
     fleet.add_candidate("auto", base="a")
-    record(fleet, "auto", "a", 0.3, runtime="torch")  # recording runs the auto-promotion
+    record(fleet, "auto", "a", 0.3, runtime="torch")  # recorded as the runner does: auto step
     assert [p.runtime for p in fleet.list_promotions("auto")] == ["torch"]
     record(fleet, "auto", "a", 0.3, runtime="candle")
     assert fleet.maybe_auto_promote("auto", "a") is None
