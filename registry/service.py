@@ -2,10 +2,10 @@
 
 `Registry` is the one SQLAlchemy implementation of `registry.store.AbstractStore`. It holds one
 repository per entity (suite versions, tasks, base models, adapters, candidates, variants, eval
-runs, placements, promotions, API keys, dashboard sessions, the fleet) and hands each call to
-the one that owns it; it inherits nothing but the interface. Each public method is one
-transaction (`registry/transactions.py`) that also appends to the audit log. Callers that need
-only part of it type against the narrower views in `registry/store.py`.
+runs, placements, the promotion history, promotions, API keys, dashboard sessions, the fleet)
+and hands each call to the one that owns it; it inherits nothing but the interface. Each public
+method is one transaction (`registry/transactions.py`) that also appends to the audit log.
+Callers that need only part of it type against the narrower views in `registry/store.py`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from registry.evalruns import EvalRunRepository
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
 from registry.placements import PlacementRepository
+from registry.promotion_history import PromotionHistoryRepository
 from registry.promotions import PromotionRepository
 from registry.sessions import DashboardSessionRepository
 from registry.store import UNSET, AbstractStore, VariantBuilder
@@ -44,7 +45,8 @@ class Registry(AbstractStore):
         self._variants = VariantRepository(tx, artifacts, self._models, self._candidates)
         self._eval_runs = EvalRunRepository(tx)
         self._placements = PlacementRepository(tx)
-        self._promotions = PromotionRepository(tx, self._candidates)
+        self._history = PromotionHistoryRepository(tx)
+        self._promotions = PromotionRepository(tx)
         self._keys = ApiKeyRepository(tx)
         self._sessions = DashboardSessionRepository(tx)
         self._fleet = FleetRepository(tx, self._placements)
@@ -262,10 +264,10 @@ class Registry(AbstractStore):
 
     # ---- promotions --------------------------------------------------------------------
     def champion(self, task: str) -> e.Candidate | None:
-        return self._promotions.champion(task)
+        return self._history.champion(task)
 
     def list_promotions(self, task: str) -> list[e.Promotion]:
-        return self._promotions.list_promotions(task)
+        return self._history.list_promotions(task)
 
     def check_promotion(
         self, task: str, candidate: str, runtime: str | None = None

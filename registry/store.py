@@ -304,8 +304,9 @@ class PlacementStore(ABC):
 
 
 class PromotionStore(ABC):
-    """Champions, the promotion rule, promotion, rollback and placement changes
-    (``registry/promotions.py``)."""
+    """Champions and history (``registry/promotion_history.py``), the rule's verdict
+    (``registry/promotion_rule.py``, a pure function of the evidence), promotion, rollback and
+    placement changes (``registry/promotions.py``)."""
 
     @abstractmethod
     def champion(self, task: str) -> e.Candidate | None: ...

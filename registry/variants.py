@@ -7,8 +7,8 @@ a base model whose ``source`` is the model it came from. The build is the caller
 serving/runtime/onnx_variant.py): the registry imports no serving code, as it reads no suite
 folders. ``add_variant_candidate`` then adds it to a task as an ordinary embedding
 candidate: it is evaluated like any other, and only a promotion puts it on the fleet
-(registry/promotions.py: a variant of the champion's model may replace it when its score stays
-within the task's margin).
+(registry/promotion_rule.py: a variant of the champion's model may replace it when its score
+stays within the task's margin).
 """
 
 from __future__ import annotations

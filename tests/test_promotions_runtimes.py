@@ -10,7 +10,8 @@ import pytest
 
 from registry import Conflict, InvalidInput, Registry
 from registry.entities import TrainingRecord
-from registry.promotions import RUNTIME_TOLERANCE, PromotionRequired, PromotionRuleNotMet
+from registry.promotion_rule import RUNTIME_TOLERANCE
+from registry.promotions import PromotionRequired, PromotionRuleNotMet
 from tests.evalrun_fixture import record_run as record
 from tests.suite_fixture import add_task, declare_suite
 from tests.test_registry import make_model_dir
