@@ -1,9 +1,13 @@
 """The registry's boundaries, checked on the code itself (no database, no NATS).
 
 - One abstract store (``registry/store.py``) and one SQLAlchemy implementation of it
-  (``registry.Registry``, split by entity into mixins); every public method of the
-  implementation is declared by the interface.
-- No module imports another's private (``_name``) helpers: shared code has a public home.
+  (``registry.Registry``), which holds one repository per entity and inherits nothing but the
+  interface; every public method of the implementation is declared by the interface.
+- No mixins in ``registry/``: no ``*Mixin`` class, and multiple inheritance only of pure
+  interfaces, so what a method does never depends on the order of base classes.
+- No module imports another's private (``_name``) helpers, nor reaches for a ``_name`` of
+  another module or object: shared code has a public home.
+- The promotion rule is judged without a database.
 - Gateways and workers load nothing of the registry's database layer: not in the process the
   ``taskfleet gateway``/``taskfleet worker`` commands start, and not anywhere in the import
   graph of the gateway and runtime packages (lazy imports inside functions included).
@@ -31,6 +35,7 @@ DATABASE_FREE = {
     "registry.errors",
     "registry.fingerprint",
     "registry.kinds",
+    "registry.promotion_rule",
     "registry.runtimes",
     "registry.store",
 }
@@ -43,6 +48,7 @@ ENTITY_MODULES = (
     "variants",
     "evalruns",
     "placements",
+    "promotion_history",
     "promotions",
     "keys",
     "sessions",
@@ -122,17 +128,55 @@ def test_the_registry_is_one_implementation_of_the_abstract_store(tmp_path: Path
         stores = [
             c
             for _, c in inspect.getmembers(module, inspect.isclass)
-            if c.__module__ == module.__name__ and c.__name__.endswith(("Mixin", "Repository"))
+            if c.__module__ == module.__name__ and c.__name__.endswith("Repository")
         ]
-        assert len(stores) == 1, f"registry/{name}.py should hold one entity store"
-        if stores[0].__name__.endswith("Repository"):
-            assert any(isinstance(v, stores[0]) for v in held.values()), f"Registry holds no {name}"
-            continue
-        public = {n for n in vars(stores[0]) if not n.startswith("_")}
-        # Constants of the mixin are fine; every public method must be in the interface.
-        methods = {n for n in public if inspect.isfunction(vars(stores[0])[n])}
-        assert methods <= declared, f"{name}: not in AbstractStore: {sorted(methods - declared)}"
-        assert issubclass(Registry, stores[0])
+        assert len(stores) == 1, f"registry/{name}.py should hold one entity repository"
+        assert stores[0].__bases__ == (object,), f"{stores[0].__name__} inherits behaviour"
+        assert any(isinstance(v, stores[0]) for v in held.values()), f"Registry holds no {name}"
+
+
+def _registry_classes() -> list[type]:
+    classes = []
+    for path in _sources("registry"):
+        module = __import__(_module_name(path), fromlist=["_"])
+        classes += [
+            c
+            for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == module.__name__
+        ]
+    return classes
+
+
+def _is_interface(cls: type) -> bool:
+    """An abstract class that implements nothing itself: every method it defines is abstract."""
+    from abc import ABC
+
+    own = [v for v in vars(cls).values() if inspect.isfunction(v)]
+    return issubclass(cls, ABC) and all(getattr(f, "__isabstractmethod__", False) for f in own)
+
+
+def test_the_registry_has_no_mixins() -> None:
+    """Behaviour is composed by holding parts, never by stacking base classes: no ``*Mixin``,
+    and a class with several bases (the interfaces of ``registry/store.py``) inherits only
+    pure interfaces; ``Registry`` itself inherits nothing concrete."""
+    from abc import ABC
+
+    from registry import Registry
+
+    classes = _registry_classes()
+    assert len(classes) > 50, "the walk found too few classes (did the layout change?)"
+    offences = [c.__qualname__ for c in classes if c.__name__.endswith("Mixin")]
+    offences += [
+        f"{c.__module__}.{c.__qualname__}({', '.join(b.__name__ for b in c.__bases__)})"
+        for c in classes
+        if len(c.__bases__) > 1 and not all(_is_interface(b) for b in c.__bases__)
+    ]
+    assert not offences, offences
+    inherited = [c for c in Registry.__mro__[1:] if c not in (object, ABC)]
+    assert inherited and all(c.__module__ == "registry.store" for c in inherited), inherited
+    assert all(_is_interface(c) for c in inherited), [
+        c.__name__ for c in inherited if not _is_interface(c)
+    ]
 
 
 def test_the_narrow_views_are_what_their_callers_use() -> None:
@@ -176,6 +220,27 @@ def test_no_module_imports_another_modules_private_names() -> None:
             private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private_module or private_names:
                 offences.append(f"{path.relative_to(REPO)}:{line} {module} {private_names}")
+    assert not offences, "\n".join(offences)
+
+
+# Methods of the standard library whose names start with "_" but are public API.
+PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def test_no_code_reaches_for_another_objects_private_names() -> None:
+    """A ``_name`` is read only on ``self`` or ``cls``: not on another module
+    (``module._helper``), nor on another object (``registry._sessions``, ``self.tx._engine``)."""
+    offences = []
+    for path in _sources(*PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            name = node.attr
+            if not name.startswith("_") or name.startswith("__") or name in PUBLIC_UNDERSCORE:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            offences.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
     assert not offences, "\n".join(offences)
 
 
@@ -236,6 +301,27 @@ def test_the_gateway_and_worker_commands_load_no_database_layer() -> None:
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.splitlines()[-1]))
     assert not {m for m in loaded if not m.startswith("registry")}, "SQLAlchemy/Alembic loaded"
+    assert loaded <= DATABASE_FREE, sorted(loaded - DATABASE_FREE)
+
+
+def test_the_promotion_rule_is_judged_without_a_database() -> None:
+    """The rule is a pure function of its evidence: importing and judging it loads neither
+    SQLAlchemy nor any module of the registry's database layer."""
+    reached = _import_closure(["registry.promotion_rule"])
+    assert {m for m in reached if m.split(".")[0] == "registry"} <= DATABASE_FREE
+    code = (
+        "import json, sys\n"
+        "from registry.promotion_rule import Contender, Evidence, judge\n"
+        "judge(Evidence('t', 'retrieval', 0.0, None, Contender('a', 'bm25', None, None, None),"
+        " None))\n"
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('registry', 'sqlalchemy', 'alembic'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
     assert loaded <= DATABASE_FREE, sorted(loaded - DATABASE_FREE)
 
 
