@@ -6,7 +6,7 @@ import secrets
 
 from sqlalchemy import select
 
-from httpapi.tokens import TOKEN_PREFIX, bearer_token, key_prefix, token_hash, token_matches
+from httpapi.tokens import TOKEN_PREFIX, key_prefix, token_hash, token_matches
 from registry import entities as e
 from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
 from registry.kinds import check_name
@@ -15,15 +15,6 @@ from registry.transactions import Transactions
 
 ROLES = ("viewer", "promoter", "admin", "caller")
 MAX_TOKEN_CHARS = 256  # tokens are ~45 characters
-# The token helpers live in `httpapi.tokens` (the gateway reads tokens without a registry).
-__all__ = [
-    "ROLES",
-    "TOKEN_PREFIX",
-    "ApiKeyRepository",
-    "api_key_entity",
-    "bearer_token",
-    "key_prefix",
-]
 
 
 class ApiKeyRepository:

@@ -15,6 +15,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from httpapi.tokens import bearer_token
 from registry import entities as e
 from registry.access import (
     LOCAL_ADMIN,
@@ -25,7 +26,6 @@ from registry.access import (
     visible_workers,
 )
 from registry.errors import InvalidInput, NotImplementedHere, Unauthenticated
-from registry.keys import bearer_token
 from registry.rest_bodies import (
     AdapterIn,
     CandidateIn,

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from httpapi.tokens import bearer_token
 from registry import Registry
 from registry.api import create_app
-from registry.keys import bearer_token
 from registry.placements import MAX_REPLICAS
 from registry.throttle import LoginThrottle
 from serving import protocol as p
