@@ -283,23 +283,26 @@ def _lazy_imports_of(command: str) -> list[str]:
     raise AssertionError(f"no CLI command {command!r}")
 
 
+def _database_modules_after(code: str) -> set[str]:
+    """The registry, SQLAlchemy and Alembic modules a fresh interpreter holds after ``code``."""
+    script = (
+        "import importlib, json, sys\n" + code + "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('registry', 'sqlalchemy', 'alembic'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
 def test_the_gateway_and_worker_commands_load_no_database_layer() -> None:
     """What `taskfleet gateway` and `taskfleet worker` load before they run: the CLI itself,
     what the two commands import, and the runtime server a worker's sidecar starts."""
     modules = ["taskfleet.cli", "serving.runtime.server"]
     modules += _lazy_imports_of("gateway") + _lazy_imports_of("worker")
     assert "serving.gateway" in modules and "taskfleet.stack" in modules
-    code = (
-        "import importlib, json, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(json.dumps(sorted(m for m in sys.modules "
-        "if m.split('.')[0] in ('registry', 'sqlalchemy', 'alembic'))))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    loaded = _database_modules_after(f"for m in {modules!r}: importlib.import_module(m)\n")
     assert not {m for m in loaded if not m.startswith("registry")}, "SQLAlchemy/Alembic loaded"
     assert loaded <= DATABASE_FREE, sorted(loaded - DATABASE_FREE)
 
@@ -309,19 +312,11 @@ def test_the_promotion_rule_is_judged_without_a_database() -> None:
     SQLAlchemy nor any module of the registry's database layer."""
     reached = _import_closure(["registry.promotion_rule"])
     assert {m for m in reached if m.split(".")[0] == "registry"} <= DATABASE_FREE
-    code = (
-        "import json, sys\n"
+    loaded = _database_modules_after(
         "from registry.promotion_rule import Contender, Evidence, judge\n"
         "judge(Evidence('t', 'retrieval', 0.0, None, Contender('a', 'bm25', None, None, None),"
         " None))\n"
-        "print(json.dumps(sorted(m for m in sys.modules "
-        "if m.split('.')[0] in ('registry', 'sqlalchemy', 'alembic'))))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
     assert loaded <= DATABASE_FREE, sorted(loaded - DATABASE_FREE)
 
 
