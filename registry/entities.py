@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from registry.limits import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_TEXT_CHARS,
+)
+
 
 @dataclass(frozen=True)
 class SuiteCreate:
@@ -59,6 +65,10 @@ class Task:
     margin: float
     auto_promote: bool
     created_at: datetime
+    # What one request may send the task, per text in characters (`registry/limits.py`).
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,9 @@ class ApiKey:
     # Gateway quota (token bucket): refill rate in requests/s and bucket size; None = no limit.
     rate_limit_per_s: float | None = None
     rate_burst: int | None = None
+    # The same in estimated model tokens (the gateway's estimate, serving/gateway/bodies.py).
+    token_rate_per_s: float | None = None
+    token_burst: int | None = None
 
 
 @dataclass(frozen=True)

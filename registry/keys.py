@@ -29,13 +29,16 @@ class ApiKeyRepository:
         tasks: list[str] | None = None,
         rate_limit_per_s: float | None = None,
         rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> tuple[e.ApiKey, str]:
         """Create a key; the plain token is returned once and never stored."""
         check_name("api key", name)
         unknown = sorted(set(roles) - set(ROLES))
         if not roles or unknown:
             raise InvalidInput(f"roles must be some of {', '.join(ROLES)}; got {roles}")
-        _check_quota(rate_limit_per_s, rate_burst)
+        _check_quota(rate_limit_per_s, rate_burst, "request")
+        _check_quota(token_rate_per_s, token_burst, "token")
         prefix = secrets.token_hex(4)
         secret = secrets.token_urlsafe(24)
         token = f"{TOKEN_PREFIX}_{prefix}_{secret}"
@@ -50,6 +53,8 @@ class ApiKeyRepository:
                 tasks=sorted(set(tasks or [])),
                 rate_limit_per_s=rate_limit_per_s,
                 rate_burst=rate_burst,
+                token_rate_per_s=token_rate_per_s,
+                token_burst=token_burst,
             )
             s.add(row)
             s.flush()
@@ -78,17 +83,32 @@ class ApiKeyRepository:
             self.tx.audit(s, "apikey.revoke", "api_key", name)
 
     def set_api_key_quota(
-        self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
+        self,
+        name: str,
+        *,
+        rate_limit_per_s: float | None,
+        rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> e.ApiKey:
-        """Set (or with ``None`` remove) the gateway's request-rate limit of a key."""
-        _check_quota(rate_limit_per_s, rate_burst)
+        """Set a key's whole gateway quota: requests/s and estimated tokens/s, each with its
+        burst; ``None`` for a rate removes that limit."""
+        _check_quota(rate_limit_per_s, rate_burst, "request")
+        _check_quota(token_rate_per_s, token_burst, "token")
         with self.tx.write() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
             if row is None:
                 raise NotFound(f"unknown api key {name!r}")
             row.rate_limit_per_s = rate_limit_per_s
             row.rate_burst = rate_burst
-            detail = {"rate_limit_per_s": rate_limit_per_s, "rate_burst": rate_burst}
+            row.token_rate_per_s = token_rate_per_s
+            row.token_burst = token_burst
+            detail = {
+                "rate_limit_per_s": rate_limit_per_s,
+                "rate_burst": rate_burst,
+                "token_rate_per_s": token_rate_per_s,
+                "token_burst": token_burst,
+            }
             self.tx.audit(s, "apikey.quota", "api_key", name, detail)
             return api_key_entity(row)
 
@@ -106,13 +126,24 @@ class ApiKeyRepository:
             return [e.ApiKeyDigest(api_key_entity(r), r.secret_hash) for r in rows]
 
 
-def _check_quota(rate_limit_per_s: float | None, rate_burst: int | None) -> None:
-    if rate_limit_per_s is not None and not rate_limit_per_s > 0:
-        raise InvalidInput(f"a rate limit must be above 0 requests/s; got {rate_limit_per_s}")
-    if rate_burst is not None and rate_burst < 1:
-        raise InvalidInput(f"a burst must be at least 1 request; got {rate_burst}")
-    if rate_burst is not None and rate_limit_per_s is None:
-        raise InvalidInput("a burst needs a rate limit")
+# Quotas are stored in a float and a 32-bit integer column; beyond these nobody is limited.
+MAX_QUOTA_RATE = 1e9
+MAX_QUOTA_BURST = 2**31 - 1
+
+
+def _check_quota(rate: float | None, burst: int | None, unit: str) -> None:
+    """A rate above 0 (per second) and a burst of at least 1, both in ``unit``s."""
+    if rate is not None and not 0 < rate <= MAX_QUOTA_RATE:  # NaN fails too
+        raise InvalidInput(
+            f"a {unit} rate limit must be above 0 and at most {MAX_QUOTA_RATE:g} {unit}s/s; "
+            f"got {rate}"
+        )
+    if burst is not None and not 1 <= burst <= MAX_QUOTA_BURST:
+        raise InvalidInput(
+            f"a {unit} burst must be between 1 and {MAX_QUOTA_BURST} {unit}s; got {burst}"
+        )
+    if burst is not None and rate is None:
+        raise InvalidInput(f"a {unit} burst needs a {unit} rate limit")
 
 
 def api_key_entity(r: ApiKeyRow) -> e.ApiKey:
@@ -126,4 +157,6 @@ def api_key_entity(r: ApiKeyRow) -> e.ApiKey:
         r.revoked_at,
         r.rate_limit_per_s,
         r.rate_burst,
+        r.token_rate_per_s,
+        r.token_burst,
     )

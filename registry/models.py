@@ -22,6 +22,12 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from registry.limits import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_TEXT_CHARS,
+)
+
 # Explicit constraint names keep Alembic migrations identical on SQLite and PostgreSQL.
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -72,6 +78,16 @@ class TaskRow(Base):
     margin: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
     auto_promote: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
     created_at: Mapped[datetime] = _created()
+    # Per-text limits in characters that gateways enforce (registry/limits.py; migration 0008).
+    max_text_chars: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_MAX_TEXT_CHARS, nullable=False
+    )
+    max_query_chars: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_MAX_QUERY_CHARS, nullable=False
+    )
+    max_document_chars: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_MAX_DOCUMENT_CHARS, nullable=False
+    )
 
 
 class SuiteRow(Base):
@@ -234,6 +250,9 @@ class ApiKeyRow(Base):
     # Gateway quota: requests per second (token bucket refill) and bucket size; NULL = no limit.
     rate_limit_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     rate_burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The same in estimated model tokens (migration 0008); NULL = no limit.
+    token_rate_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    token_burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class DashboardSessionRow(Base):

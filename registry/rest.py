@@ -29,12 +29,14 @@ from registry.errors import InvalidInput, NotImplementedHere, Unauthenticated
 from registry.rest_bodies import (
     AdapterIn,
     CandidateIn,
+    KeyQuotaIn,
     ModelIn,
     PlacementIn,
     PromoteIn,
     RollbackIn,
     SuiteIn,
     TaskIn,
+    TaskLimitsIn,
 )
 from registry.service import Registry
 from registry.store import UNSET
@@ -149,8 +151,26 @@ def add_task(body: TaskIn, a: Act) -> dict[str, Any]:
         description=body.description,
         owner=body.owner,
         margin=body.margin,
+        max_text_chars=body.max_text_chars,
+        max_query_chars=body.max_query_chars,
+        max_document_chars=body.max_document_chars,
     )
     return asdict(task)
+
+
+@router.patch("/tasks/{task}")
+def set_task_limits(task: str, body: TaskLimitsIn, a: Act) -> dict[str, Any]:
+    """Change the task's per-text limits (characters); the gateways apply them once the
+    control plane has published them (its next pass)."""
+    a.who.need("admin")
+    return asdict(
+        a.reg.set_task_limits(
+            task,
+            max_text_chars=body.max_text_chars,
+            max_query_chars=body.max_query_chars,
+            max_document_chars=body.max_document_chars,
+        )
+    )
 
 
 @router.get("/tasks/{task}")
@@ -308,6 +328,30 @@ def promote(task: str, body: PromoteIn, a: Act) -> dict[str, Any]:
 def rollback(task: str, body: RollbackIn, a: Act) -> dict[str, Any]:
     a.who.need("promoter", "admin")
     return asdict(a.reg.rollback(task, reason=body.reason, expected_champion=_expected(body)))
+
+
+@router.get("/keys")
+def list_keys(a: Act) -> list[dict[str, Any]]:
+    """API keys with their roles, tasks and quotas (never a secret or its digest)."""
+    a.who.need("admin")
+    a.who.need_every_task("API keys")
+    return _dump(a.reg.list_api_keys())
+
+
+@router.put("/keys/{name}/quota")
+def set_key_quota(name: str, body: KeyQuotaIn, a: Act) -> dict[str, Any]:
+    """Set a key's whole gateway quota: requests/s and estimated tokens/s with their bursts
+    (a rate left out removes that limit)."""
+    a.who.need("admin")
+    a.who.need_every_task("API keys")
+    key = a.reg.set_api_key_quota(
+        name,
+        rate_limit_per_s=body.rate_limit_per_s,
+        rate_burst=body.rate_burst,
+        token_rate_per_s=body.token_rate_per_s,
+        token_burst=body.token_burst,
+    )
+    return asdict(key)
 
 
 @router.get("/fleet")

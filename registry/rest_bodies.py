@@ -16,6 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from httpapi.handlers import validation_message
 from registry import entities as e
 from registry.errors import InvalidInput
+from registry.keys import MAX_QUOTA_BURST, MAX_QUOTA_RATE
+from registry.limits import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_TEXT_CHARS,
+    MAX_TEXT_LIMIT_CHARS,
+)
 from registry.placements import MAX_REPLICAS
 
 # PostgreSQL text cannot hold NUL; nothing we store needs it.
@@ -28,6 +35,10 @@ Path = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=_
 Replicas = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
 # Seeds are stored in a 32-bit integer column on PostgreSQL.
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# Strict: JSON true is not a number of characters, requests or tokens.
+TextLimit = Annotated[int, Field(ge=1, le=MAX_TEXT_LIMIT_CHARS, strict=True)]
+QuotaRate = Annotated[float, Field(gt=0, le=MAX_QUOTA_RATE, allow_inf_nan=False, strict=True)]
+QuotaBurst = Annotated[int, Field(ge=1, le=MAX_QUOTA_BURST, strict=True)]
 
 
 class Body(BaseModel):
@@ -64,13 +75,44 @@ class SuiteIn(Body):
 SuiteReader = Callable[[SuiteIn], e.SuiteCreate]
 
 
-class TaskIn(Body):
+class TaskLimitsIn(Body):
+    """Per-text limits in characters that gateways enforce (413 above them); null or left
+    out: unchanged (the default for a new task)."""
+
+    max_text_chars: TextLimit | None = Field(
+        None,
+        description=f"Each input (retrieval, classification); default {DEFAULT_MAX_TEXT_CHARS}.",
+    )
+    max_query_chars: TextLimit | None = Field(
+        None, description=f"A rerank query; default {DEFAULT_MAX_QUERY_CHARS}."
+    )
+    max_document_chars: TextLimit | None = Field(
+        None, description=f"Each rerank document; default {DEFAULT_MAX_DOCUMENT_CHARS}."
+    )
+
+
+class TaskIn(TaskLimitsIn):
     name: Name
     suite: Name | None = None
     kind: Short | None = Field(None, description="Leave out: the suite's kind.")
     description: Text = ""
     owner: Short = ""
     margin: float = Field(0.0, ge=0, le=1_000_000, allow_inf_nan=False)
+
+
+class KeyQuotaIn(Body):
+    """A key's whole gateway quota (token buckets per gateway process); a rate left out or
+    null removes that limit, a burst left out is one second of its rate."""
+
+    rate_limit_per_s: QuotaRate | None = Field(None, description="Requests per second.")
+    rate_burst: QuotaBurst | None = Field(None, description="Requests at once.")
+    token_rate_per_s: QuotaRate | None = Field(
+        None, description="Estimated model tokens per second (characters / 4 per text)."
+    )
+    token_burst: QuotaBurst | None = Field(
+        None,
+        description="Estimated tokens at once; a request costing more is refused with 413.",
+    )
 
 
 class ModelIn(Body):

@@ -57,6 +57,9 @@ def task_entity(r: TaskRow) -> e.Task:
         r.margin,
         r.auto_promote,
         r.created_at,
+        r.max_text_chars,
+        r.max_query_chars,
+        r.max_document_chars,
     )
 
 

@@ -95,6 +95,9 @@ class Registry(AbstractStore):
         owner: str = "",
         margin: float = 0.0,
         auto_promote: bool = False,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
     ) -> e.Task:
         return self._tasks.add_task(
             name,
@@ -104,6 +107,24 @@ class Registry(AbstractStore):
             owner=owner,
             margin=margin,
             auto_promote=auto_promote,
+            max_text_chars=max_text_chars,
+            max_query_chars=max_query_chars,
+            max_document_chars=max_document_chars,
+        )
+
+    def set_task_limits(
+        self,
+        name: str,
+        *,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
+    ) -> e.Task:
+        return self._tasks.set_task_limits(
+            name,
+            max_text_chars=max_text_chars,
+            max_query_chars=max_query_chars,
+            max_document_chars=max_document_chars,
         )
 
     def get_task(self, name: str) -> e.Task:
@@ -336,9 +357,17 @@ class Registry(AbstractStore):
         tasks: list[str] | None = None,
         rate_limit_per_s: float | None = None,
         rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> tuple[e.ApiKey, str]:
         return self._keys.create_api_key(
-            name, roles=roles, tasks=tasks, rate_limit_per_s=rate_limit_per_s, rate_burst=rate_burst
+            name,
+            roles=roles,
+            tasks=tasks,
+            rate_limit_per_s=rate_limit_per_s,
+            rate_burst=rate_burst,
+            token_rate_per_s=token_rate_per_s,
+            token_burst=token_burst,
         )
 
     def authenticate(self, token: str) -> e.ApiKey:
@@ -348,10 +377,20 @@ class Registry(AbstractStore):
         self._keys.revoke_api_key(name)
 
     def set_api_key_quota(
-        self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
+        self,
+        name: str,
+        *,
+        rate_limit_per_s: float | None,
+        rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> e.ApiKey:
         return self._keys.set_api_key_quota(
-            name, rate_limit_per_s=rate_limit_per_s, rate_burst=rate_burst
+            name,
+            rate_limit_per_s=rate_limit_per_s,
+            rate_burst=rate_burst,
+            token_rate_per_s=token_rate_per_s,
+            token_burst=token_burst,
         )
 
     def list_api_keys(self) -> list[e.ApiKey]:

@@ -178,8 +178,23 @@ class CatalogStore(ABC):
         owner: str = "",
         margin: float = 0.0,
         auto_promote: bool = False,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
     ) -> e.Task:
-        """Bind a new task to a registered suite; the task has the suite's kind."""
+        """Bind a new task to a registered suite; the task has the suite's kind. The
+        per-text limits (characters) left out take the defaults of ``registry/limits.py``."""
+
+    @abstractmethod
+    def set_task_limits(
+        self,
+        name: str,
+        *,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
+    ) -> e.Task:
+        """Change the per-text limits given (characters); the others stay."""
 
     @abstractmethod
     def add_model(
@@ -387,6 +402,8 @@ class ApiKeyStore(ABC):
         tasks: list[str] | None = None,
         rate_limit_per_s: float | None = None,
         rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> tuple[e.ApiKey, str]:
         """Create a key; the plain token is returned once and never stored."""
 
@@ -398,9 +415,16 @@ class ApiKeyStore(ABC):
 
     @abstractmethod
     def set_api_key_quota(
-        self, name: str, *, rate_limit_per_s: float | None, rate_burst: int | None = None
+        self,
+        name: str,
+        *,
+        rate_limit_per_s: float | None,
+        rate_burst: int | None = None,
+        token_rate_per_s: float | None = None,
+        token_burst: int | None = None,
     ) -> e.ApiKey:
-        """Set (or with ``None`` remove) the gateway's request-rate limit of a key."""
+        """Set a key's whole gateway quota: requests/s and estimated tokens/s, each with its
+        burst; ``None`` for a rate removes that limit."""
 
     @abstractmethod
     def list_api_keys(self) -> list[e.ApiKey]: ...

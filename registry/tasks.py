@@ -1,7 +1,8 @@
 """Tasks: named jobs bound to a registered suite, whose kind they take.
 
 A task is scored on its suite's newest version (``registry/suite_versions.py``); its margin and
-``auto_promote`` are what the promotion rule and the auto-promotion step read.
+``auto_promote`` are what the promotion rule and the auto-promotion step read; its per-text
+limits (``registry/limits.py``) what gateways refuse above.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from sqlalchemy import select
 from registry import entities as e
 from registry.errors import AlreadyExists, InvalidInput, NotFound
 from registry.kinds import TASK_KINDS, check_name
+from registry.limits import TEXT_LIMIT_DEFAULTS, check_text_limit
 from registry.models import TaskRow
 from registry.rows import get_task_row, task_entity
 from registry.suite_versions import newest_suite_row
@@ -31,13 +33,19 @@ class TaskRepository:
         owner: str = "",
         margin: float = 0.0,
         auto_promote: bool = False,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
     ) -> e.Task:
-        """Bind a new task to a registered suite; the task has the suite's kind."""
+        """Bind a new task to a registered suite; the task has the suite's kind. The
+        per-text limits (characters) left out take the defaults of ``registry/limits.py``."""
         check_name("task", name)
         if kind is not None and kind not in TASK_KINDS:
             raise InvalidInput(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
         if margin < 0:
             raise InvalidInput("margin must be >= 0")
+        given = _checked_limits(max_text_chars, max_query_chars, max_document_chars)
+        limits = {**TEXT_LIMIT_DEFAULTS, **given}
         with self.tx.write() as s:
             if s.scalar(select(TaskRow).where(TaskRow.name == name)):
                 raise AlreadyExists(f"task {name!r} already exists")
@@ -60,10 +68,33 @@ class TaskRepository:
                 owner=owner,
                 margin=margin,
                 auto_promote=auto_promote,
+                **limits,
             )
             s.add(row)
             s.flush()
-            self.tx.audit(s, "task.add", "task", name, {"suite": suite, "kind": kind})
+            detail = {"suite": suite, "kind": kind, **limits}
+            self.tx.audit(s, "task.add", "task", name, detail)
+            return task_entity(row)
+
+    def set_task_limits(
+        self,
+        name: str,
+        *,
+        max_text_chars: int | None = None,
+        max_query_chars: int | None = None,
+        max_document_chars: int | None = None,
+    ) -> e.Task:
+        """Change the per-text limits (characters) given; the others stay. Gateways apply
+        them once the control plane has published them (its next pass, 0.5 s)."""
+        changes = _checked_limits(max_text_chars, max_query_chars, max_document_chars)
+        if not changes:
+            raise InvalidInput(f"give at least one of {', '.join(TEXT_LIMIT_DEFAULTS)} to change")
+        with self.tx.write() as s:
+            row = get_task_row(s, name)
+            previous = {k: getattr(row, k) for k in changes}
+            for setting, value in changes.items():
+                setattr(row, setting, value)
+            self.tx.audit(s, "task.limits", "task", name, {**changes, "previous": previous})
             return task_entity(row)
 
     def get_task(self, name: str) -> e.Task:
@@ -73,3 +104,15 @@ class TaskRepository:
     def list_tasks(self) -> list[e.Task]:
         with self.tx.read() as s:
             return [task_entity(r) for r in s.scalars(select(TaskRow).order_by(TaskRow.name))]
+
+
+def _checked_limits(
+    max_text_chars: int | None, max_query_chars: int | None, max_document_chars: int | None
+) -> dict[str, int]:
+    """The limits given (not None), by setting name, each checked."""
+    given = {
+        "max_text_chars": max_text_chars,
+        "max_query_chars": max_query_chars,
+        "max_document_chars": max_document_chars,
+    }
+    return {k: check_text_limit(k, v) for k, v in given.items() if v is not None}

@@ -13,7 +13,12 @@ from rich.text import Text
 from rich.tree import Tree
 
 from registry import InvalidInput
-from registry.entities import Adapter, ApiKey, TrainingRecord
+from registry.entities import Adapter, ApiKey, Task, TrainingRecord
+from registry.limits import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_TEXT_CHARS,
+)
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
@@ -53,8 +58,24 @@ def task_add(
     margin: float = typer.Option(
         0.0, help="How much a challenger must beat the champion by (main metric, absolute)."
     ),
+    max_text_chars: int | None = typer.Option(
+        None,
+        "--max-text-chars",
+        help=f"Gateway limit per input text, in characters (default {DEFAULT_MAX_TEXT_CHARS}).",
+    ),
+    max_query_chars: int | None = typer.Option(
+        None,
+        "--max-query-chars",
+        help=f"Rerank tasks: limit of the query (default {DEFAULT_MAX_QUERY_CHARS}).",
+    ),
+    max_document_chars: int | None = typer.Option(
+        None,
+        "--max-document-chars",
+        help=f"Rerank tasks: limit per document (default {DEFAULT_MAX_DOCUMENT_CHARS}).",
+    ),
 ) -> None:
-    """Register a task bound to a suite."""
+    """Register a task bound to a suite. Gateways refuse (413) any text above the task's
+    per-text limits before it is queued; `taskfleet task set` changes them later."""
     from taskfleet.cli_suite import mteb_dir, print_registered
     from taskfleet.suites import ensure_suite
 
@@ -66,9 +87,49 @@ def task_add(
     if registered is not None:
         print_registered(registered)
     task = reg.add_task(
-        name, suite=suite_name, kind=kind, description=description, owner=owner, margin=margin
+        name,
+        suite=suite_name,
+        kind=kind,
+        description=description,
+        owner=owner,
+        margin=margin,
+        max_text_chars=max_text_chars,
+        max_query_chars=max_query_chars,
+        max_document_chars=max_document_chars,
     )
     out.print(line("task ", bold(task.name), f" added (suite {task.suite}, kind {task.kind})"))
+
+
+@task_app.command("set")
+def task_set(
+    name: str = typer.Argument(..., help="Task name."),
+    max_text_chars: int | None = typer.Option(
+        None, "--max-text-chars", help="Gateway limit per input text, in characters."
+    ),
+    max_query_chars: int | None = typer.Option(
+        None, "--max-query-chars", help="Rerank tasks: limit of the query, in characters."
+    ),
+    max_document_chars: int | None = typer.Option(
+        None, "--max-document-chars", help="Rerank tasks: limit per document, in characters."
+    ),
+) -> None:
+    """Change a task's per-text limits (the ones given; the others stay). Gateways refuse a
+    text above them with 413 once the control plane has published the change (its next pass,
+    half a second). Workers still cut every text to what the model reads."""
+    task = open_registry().set_task_limits(
+        name,
+        max_text_chars=max_text_chars,
+        max_query_chars=max_query_chars,
+        max_document_chars=max_document_chars,
+    )
+    out.print(line("task ", bold(task.name), f" limits: {_limits(task)}"))
+
+
+def _limits(task: Task) -> str:
+    return (
+        f"text {task.max_text_chars}, query {task.max_query_chars}, document "
+        f"{task.max_document_chars} characters"
+    )
 
 
 @task_app.command("ls")
@@ -88,6 +149,7 @@ def task_show(name: str = typer.Argument(..., help="Task name.")) -> None:
     out.print(line(bold(t.name), f" ({t.kind}) suite={t.suite} owner={t.owner or '-'}"))
     if t.description:
         out.print(t.description)
+    out.print(f"limits per text: {_limits(t)}", highlight=False)
     placement = reg.current_placement(name)
     out.print(
         f"placement: {placement.candidate} epoch {placement.epoch}" if placement else "placement: -"
@@ -386,10 +448,27 @@ def key_create(
     burst: int | None = typer.Option(
         None, "--burst", help="Requests allowed at once above the rate (default: the rate)."
     ),
+    token_rate: float | None = typer.Option(
+        None,
+        "--token-rate",
+        help="Gateway quota: estimated model tokens per second (default: no limit).",
+    ),
+    token_burst: int | None = typer.Option(
+        None,
+        "--token-burst",
+        help="Estimated tokens allowed at once (default: the token rate); a request costing "
+        "more is refused with 413.",
+    ),
 ) -> None:
     """Create an API key; the token is printed once."""
     key, token = open_registry().create_api_key(
-        name, roles=role, tasks=task, rate_limit_per_s=rate, rate_burst=burst
+        name,
+        roles=role,
+        tasks=task,
+        rate_limit_per_s=rate,
+        rate_burst=burst,
+        token_rate_per_s=token_rate,
+        token_burst=token_burst,
     )
     out.print(f"api key {key.name} roles={','.join(key.roles)} quota={_quota(key)}")
     out.print(token, markup=False, highlight=False)
@@ -404,18 +483,41 @@ def key_quota(
     burst: int | None = typer.Option(
         None, "--burst", help="Requests allowed at once above the rate (default: the rate)."
     ),
+    token_rate: float | None = typer.Option(
+        None,
+        "--token-rate",
+        help="Estimated model tokens per second; leave out to remove the limit.",
+    ),
+    token_burst: int | None = typer.Option(
+        None,
+        "--token-burst",
+        help="Estimated tokens allowed at once (default: the token rate); a request costing "
+        "more is refused with 413.",
+    ),
 ) -> None:
-    """Set or remove a key's request-rate quota. Over it the gateway answers 429 with
-    Retry-After. Each gateway process keeps its own bucket: N gateways allow N x the rate."""
-    key = open_registry().set_api_key_quota(name, rate_limit_per_s=rate, rate_burst=burst)
+    """Set a key's whole gateway quota (what is left out is removed): requests per second
+    and estimated model tokens per second (characters / 4 per text, at most the model's
+    max_seq_length), each a token bucket with its burst. Over it the gateway answers 429 with
+    Retry-After. Each gateway process keeps its own buckets: N gateways allow N x the rate."""
+    key = open_registry().set_api_key_quota(
+        name,
+        rate_limit_per_s=rate,
+        rate_burst=burst,
+        token_rate_per_s=token_rate,
+        token_burst=token_burst,
+    )
     out.print(f"api key {key.name} quota={_quota(key)}")
 
 
 def _quota(key: ApiKey) -> str:
-    if key.rate_limit_per_s is None:
-        return "none"
-    burst = f" burst {key.rate_burst}" if key.rate_burst is not None else ""
-    return f"{key.rate_limit_per_s:g}/s{burst}"
+    parts = []
+    if key.rate_limit_per_s is not None:
+        burst = f" burst {key.rate_burst}" if key.rate_burst is not None else ""
+        parts.append(f"{key.rate_limit_per_s:g} req/s{burst}")
+    if key.token_rate_per_s is not None:
+        burst = f" burst {key.token_burst}" if key.token_burst is not None else ""
+        parts.append(f"{key.token_rate_per_s:g} tokens/s{burst}")
+    return ", ".join(parts) or "none"
 
 
 @key_app.command("ls")

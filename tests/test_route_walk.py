@@ -74,6 +74,10 @@ ADMIN_WRITE = expect(
     ok=201,
     refused={"viewer": 403, "caller": 403, "promoter@task": 403, "promoter@other": 403},
 )
+ADMIN_CHANGE = expect(
+    ok=200,
+    refused={"viewer": 403, "caller": 403, "promoter@task": 403, "promoter@other": 403},
+)
 PROMOTER_WRITE = expect(ok=201, refused={"viewer": 403, "caller": 403, "promoter@other": 403})
 # Dashboard pages: a caller key cannot sign in, so it has no session, like no key at all.
 PAGE = expect(ok=200, refused={"caller": 401})
@@ -162,6 +166,21 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             "/api/v1/tasks",
             ADMIN_WRITE,
             json={"name": "walk-task", "suite": "legal-suite"},
+        ),
+        Call(
+            "PATCH",
+            "/api/v1/tasks/{task}",
+            t,
+            ADMIN_CHANGE,
+            json={"max_text_chars": 4096, "max_query_chars": 512},
+        ),
+        Call("GET", "/api/v1/keys", "/api/v1/keys", ADMIN_CHANGE),
+        Call(
+            "PUT",
+            "/api/v1/keys/{name}/quota",
+            "/api/v1/keys/admin/quota",
+            ADMIN_CHANGE,
+            json={"rate_limit_per_s": 50, "token_rate_per_s": 20_000, "token_burst": 40_000},
         ),
         Call(
             "POST",

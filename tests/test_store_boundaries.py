@@ -35,6 +35,7 @@ DATABASE_FREE = {
     "registry.errors",
     "registry.fingerprint",
     "registry.kinds",
+    "registry.limits",
     "registry.promotion_rule",
     "registry.runtimes",
     "registry.store",
