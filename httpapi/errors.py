@@ -87,7 +87,9 @@ CODES: dict[ErrorCode, CodeInfo] = {
     _C.METHOD_NOT_ALLOWED: CodeInfo(405, False, "the route exists, the HTTP method does not"),
     _C.ALREADY_EXISTS: CodeInfo(409, False, "a record with that name already exists"),
     _C.CONFLICT: CodeInfo(409, True, "the state changed under the caller (a stale form)"),
-    _C.PAYLOAD_TOO_LARGE: CodeInfo(413, False, "the body is above the size limit"),
+    _C.PAYLOAD_TOO_LARGE: CodeInfo(
+        413, False, "the body, one of its texts or its cost is above a limit"
+    ),
     _C.UNSUPPORTED_MEDIA_TYPE: CodeInfo(415, False, "the body's Content-Type is not accepted"),
     _C.RATE_LIMITED: CodeInfo(429, True, "too many attempts; wait for Retry-After seconds"),
     _C.INTERNAL: CodeInfo(500, False, "a bug or an unforeseen failure; the server log has it"),
@@ -105,7 +107,10 @@ CODES: dict[ErrorCode, CodeInfo] = {
     _C.NO_WORKER: CodeInfo(503, True, "no live worker serves the task"),
     _C.QUEUE_UNAVAILABLE: CodeInfo(503, True, "the gateway is not connected to NATS"),
     _C.NOT_READY: CodeInfo(
-        503, True, "not connected to NATS, or the control plane's directory not yet received"
+        503,
+        True,
+        "not connected to NATS, or the control plane's directory (or a placement epoch the "
+        "caller has seen) not yet received",
     ),
     _C.DATABASE_ERROR: CodeInfo(503, True, "the registry database cannot be reached"),
     _C.MODEL_NOT_LOADED: CodeInfo(503, True, "the worker is still loading the model"),
@@ -146,6 +151,17 @@ def error_body(code: str, message: str, retryable: bool = False) -> dict[str, An
 # Messages often quote what the caller sent (a name, a path, a key); an answer must not grow
 # with it (an unknown-field error once echoed a 2.6 MB key), so longer ones are cut.
 MAX_MESSAGE_CHARS = 2000
+# How much of one value a message quotes (``shown``).
+SHOWN_CHARS = 60
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` as a message quotes what a caller sent: cut to ``limit`` characters,
+    saying how many more there were."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class ApiError(Exception):

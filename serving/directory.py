@@ -1,12 +1,13 @@
 """KV ``directory``: what gateways need from the registry, published so they never read it.
 
 The leading control plane (``serving/control.py``, through the publisher in
-``serving/placements.py``) writes, for every task ``task.<name>`` (its kind) and for every API key
-``key.<prefix>`` (name, sha256 of the token, roles, task list, quota, revoked or not: never a
-usable key), then ``meta`` last. A gateway watches the bucket (``serving/gateway/view.py``):
-it authenticates from these records, tells an unknown task (404) from an unplaced one (503),
-and keeps serving when the database is away. A revoked key is published as revoked (no hash)
-within one publisher pass (0.5 s by default).
+``serving/placements.py``) writes, for every task ``task.<name>`` (its kind and per-text
+limits) and for every API key ``key.<prefix>`` (name, sha256 of the token, roles, task list,
+quotas, revoked or not: never a usable key), then ``meta`` last. A gateway watches the bucket
+(``serving/gateway/view.py``): it authenticates from these records, tells an unknown task
+(404) from an unplaced one (503), refuses texts above a task's limits (413), and keeps serving
+when the database is away. A revoked key is published as revoked (no hash) within one publisher
+pass (0.5 s by default).
 
 The bucket is made to hold exactly the registry's current set: the first pass of a term reads
 what the bucket holds and deletes what the registry no longer has, later passes write only what
@@ -24,6 +25,12 @@ import msgpack
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from registry.limits import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_TEXT_CHARS,
+    TEXT_LIMIT_DEFAULTS,
+)
 from serving import nats_layout
 
 if TYPE_CHECKING:  # the control plane's side only: gateways import this module without them
@@ -53,6 +60,9 @@ class KeyRecord:
     rate_limit_per_s: float | None = None
     rate_burst: int | None = None
     revoked: bool = False
+    # Estimated model tokens per second and at once (serving/gateway/quotas.py); None: no limit.
+    token_rate_per_s: float | None = None
+    token_burst: int | None = None
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -64,6 +74,8 @@ class KeyRecord:
                 "tasks": list(self.tasks),
                 "rate": self.rate_limit_per_s,
                 "burst": self.rate_burst,
+                "token_rate": self.token_rate_per_s,
+                "token_burst": self.token_burst,
                 "revoked": self.revoked,
             }
         )
@@ -72,6 +84,8 @@ class KeyRecord:
     def unpack(cls, data: bytes) -> KeyRecord:
         try:
             obj = msgpack.unpackb(data, raw=False)
+            # Absent from the records of control planes older than token quotas.
+            token_rate, token_burst = obj.get("token_rate"), obj.get("token_burst")
             record = cls(
                 name=_str(obj["name"]),
                 prefix=_str(obj["prefix"]),
@@ -81,17 +95,61 @@ class KeyRecord:
                 rate_limit_per_s=None if obj["rate"] is None else float(obj["rate"]),
                 rate_burst=None if obj["burst"] is None else int(obj["burst"]),
                 revoked=bool(obj["revoked"]),
+                token_rate_per_s=None if token_rate is None else float(token_rate),
+                token_burst=None if token_burst is None else int(token_burst),
             )
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
             raise DirectoryError(f"not a key record: {exc}") from None
         if record.secret_hash is None and not record.revoked:
             raise DirectoryError(f"key record {record.name!r} has no hash")
         return record
 
 
+@dataclass(frozen=True)
+class TaskRecord:
+    """One task as gateways see it: its kind and what one request may send it."""
+
+    name: str
+    kind: str  # retrieval, rerank, classification, ...
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {
+                "name": self.name,
+                "kind": self.kind,
+                "max_text_chars": self.max_text_chars,
+                "max_query_chars": self.max_query_chars,
+                "max_document_chars": self.max_document_chars,
+            }
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes) -> TaskRecord:
+        """A ``task.<name>`` value; limits a control plane older than them did not publish
+        are the defaults (``registry/limits.py``)."""
+        try:
+            obj = msgpack.unpackb(data, raw=False)
+            limits = {
+                setting: _positive_int(obj.get(setting, default))
+                for setting, default in TEXT_LIMIT_DEFAULTS.items()
+            }
+            return cls(name=_str(obj["name"]), kind=_str(obj["kind"]), **limits)
+        except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
+            raise DirectoryError(f"not a task record: {exc}") from None
+
+
 def _str(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TypeError(f"expected a positive integer, got {value!r}")
     return value
 
 
@@ -107,25 +165,25 @@ def key_record(digest: e.ApiKeyDigest) -> KeyRecord:
         rate_limit_per_s=key.rate_limit_per_s,
         rate_burst=key.rate_burst,
         revoked=revoked,
+        token_rate_per_s=key.token_rate_per_s,
+        token_burst=key.token_burst,
     )
 
 
-def task_value(task: str, kind: str) -> bytes:
-    return msgpack.packb({"name": task, "kind": kind})
-
-
-def task_kind(data: bytes) -> str:
-    """The kind of a ``task.<name>`` value (retrieval, rerank, classification, ...)."""
-    try:
-        return _str(msgpack.unpackb(data, raw=False)["kind"])
-    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
-        raise DirectoryError(f"not a task record: {exc}") from None
+def task_record(task: e.Task) -> TaskRecord:
+    return TaskRecord(
+        name=task.name,
+        kind=task.kind,
+        max_text_chars=task.max_text_chars,
+        max_query_chars=task.max_query_chars,
+        max_document_chars=task.max_document_chars,
+    )
 
 
 def desired_entries(registry: PublisherStore) -> dict[str, bytes]:
     """What the bucket should hold now, from the registry (two reads; blocking: run it in a
     thread)."""
-    entries = {TASK_PREFIX + t.name: task_value(t.name, t.kind) for t in registry.list_tasks()}
+    entries = {TASK_PREFIX + t.name: task_record(t).pack() for t in registry.list_tasks()}
     for digest in registry.api_key_digests():
         entries[KEY_PREFIX + digest.key.prefix] = key_record(digest).pack()
     return entries

@@ -428,6 +428,7 @@ def up(
         nats_url=settings.nats_options(),
         nats_cluster=nats_cluster,
         require_auth=auth,
+        metrics_token=settings.metrics_token or None,
         memory_budget_bytes=memory_budget_mb * 2**20,
         sidecar_binary=sidecar_bin,
         device=device,
@@ -453,6 +454,11 @@ def up(
         out.print(f"nats           {urls.nats}")
         out.print(f"workers        {', '.join(urls.workers) or '-'}")
         out.print(f"metrics        {' '.join(urls.metrics)}")
+        if auth and not settings.metrics_token:
+            out.print(
+                "               (the gateway's /metrics is off: set TASKFLEET_METRICS_TOKEN "
+                "to scrape it with that bearer token)"
+            )
         out.print("Ctrl-C stops everything.")
 
     try:

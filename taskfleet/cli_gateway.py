@@ -129,8 +129,16 @@ def gateway(
     ),
     insecure: bool = INSECURE,
     forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
+    metrics_token: str | None = typer.Option(
+        None,
+        "--metrics-token",
+        help="Bearer token /metrics requires (default: TASKFLEET_METRICS_TOKEN, which keeps it "
+        "off the command line). Without one, /metrics answers only with --no-auth.",
+        show_default=False,
+    ),
 ) -> None:
-    """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics).
+    """Run the public gateway alone (POST /v1/tasks/{task}, /v1/embeddings, /metrics with a
+    --metrics-token).
 
     It needs NATS only, no database: API keys and tasks come from what the leading control
     plane (`taskfleet serve` or `up`) publishes to NATS, placements and live workers from
@@ -141,7 +149,8 @@ def gateway(
     from serving.gateway import GatewaySettings, create_gateway
 
     edge = server_edge(host, auth=auth, insecure=insecure, forwarded_allow_ips=forwarded_allow_ips)
-    url = get_settings().nats_options(nats_url)
+    settings = get_settings()
+    url = settings.nats_options(nats_url)
     if url is None:
         raise typer.BadParameter(
             "the gateway needs a NATS server: give --nats-url or set TASKFLEET_NATS_URL",
@@ -149,6 +158,7 @@ def gateway(
         )
     from serving.httpserver import http_config
 
-    app = create_gateway(url, GatewaySettings(require_auth=auth))
+    token = metrics_token or settings.metrics_token or None  # empty: none
+    app = create_gateway(url, GatewaySettings(require_auth=auth, metrics_token=token))
     config = http_config(app, host, port, "info", forwarded_allow_ips=edge.forwarded_allow_ips)
     uvicorn.Server(config).run()

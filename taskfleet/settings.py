@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         default=None,
         description="Signs dashboard session cookies; default: a secret kept under home.",
     )
+    metrics_token: str | None = Field(
+        default=None,
+        description="The bearer token a gateway's /metrics requires (Prometheus "
+        "`authorization: {credentials: ...}`). Without one, /metrics answers only when the "
+        "gateway runs without auth: its figures name every task and API key.",
+    )
     secure_cookies: bool = Field(
         default=False,
         description="Mark dashboard session cookies Secure (HTTPS only). Turn on whenever the "

@@ -268,6 +268,9 @@ class StackConfig:
     nats_url: NatsTarget | None = None  # None: start an embedded nats-server
     nats_cluster: int = 1  # embedded nats-server nodes (3: a cluster with R3 streams and KV)
     require_auth: bool = True
+    metrics_token: str | None = (
+        None  # what the gateway's /metrics requires (TASKFLEET_METRICS_TOKEN)
+    )
     memory_budget_bytes: int = 8 << 30
     sidecar_binary: Path | None = None
     device: str = "cpu"
@@ -394,7 +397,10 @@ async def run_stack(
             model_roots=config.model_roots,
             allowed_hosts=config.allowed_hosts,
         )
-        gateway = create_gateway(nats_url, GatewaySettings(require_auth=config.require_auth))
+        gateway = create_gateway(
+            nats_url,
+            GatewaySettings(require_auth=config.require_auth, metrics_token=config.metrics_token),
+        )
         forwarded = config.forwarded_allow_ips
         servers = [
             QuietServer(control, config.host, config.control_port, forwarded_allow_ips=forwarded),

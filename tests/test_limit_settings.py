@@ -1,8 +1,10 @@
 """The settings behind the gateway's limits, wherever they are set: a task's per-text limits
-and a key's token quota in the registry (SQLite and PostgreSQL), over REST and by the CLI."""
+and a key's token quota in the registry (SQLite and PostgreSQL), over REST, by the CLI, and as
+the directory publishes them to gateways."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from fastapi.testclient import TestClient
 
@@ -14,6 +16,7 @@ from registry.limits import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_TEXT_LIMIT_CHARS,
 )
+from serving.directory import KeyRecord, TaskRecord, desired_entries
 from tests.suite_fixture import add_task, declare_suite
 from tests.test_cli_registry import run_cli
 
@@ -59,6 +62,23 @@ def test_token_quota_is_stored_and_checked(registry: Registry) -> None:
             registry.set_api_key_quota(
                 "app", rate_limit_per_s=None, token_rate_per_s=rate, token_burst=burst
             )
+
+
+def test_the_directory_publishes_limits_and_token_quotas(registry: Registry) -> None:
+    declare_suite(registry, "s")
+    add_task(registry, "t", suite="s", max_text_chars=1234)
+    registry.create_api_key("k", roles=["caller"], token_rate_per_s=50.5, token_burst=99)
+    entries = desired_entries(registry)
+    task = TaskRecord.unpack(entries["task.t"])
+    assert (task.kind, task.max_text_chars, task.max_query_chars) == ("retrieval", 1234, 8_192)
+    key = KeyRecord.unpack(next(v for k, v in entries.items() if k.startswith("key.")))
+    assert (key.token_rate_per_s, key.token_burst) == (50.5, 99)
+    # Records of a control plane older than these settings: the defaults, no token quota.
+    old_task = TaskRecord.unpack(msgpack.packb({"name": "t", "kind": "rerank"}))
+    assert old_task.max_document_chars == DEFAULT_MAX_DOCUMENT_CHARS
+    old = msgpack.unpackb(entries[next(k for k in entries if k.startswith("key."))])
+    del old["token_rate"], old["token_burst"]
+    assert KeyRecord.unpack(msgpack.packb(old)).token_rate_per_s is None
 
 
 def test_rest_sets_task_limits_and_key_quotas(registry: Registry) -> None:

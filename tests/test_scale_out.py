@@ -81,6 +81,9 @@ def test_replicas_two_of_three_and_a_dead_holder_is_replaced(
 
 
 def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> None:
+    """A caller that has seen the next epoch (through another gateway, say) waits at this
+    gateway while the promotion reaches it (2 s at most: the gateway's `min_epoch_wait_s`,
+    then 503 NOT_READY, tests/test_gateway_limits.py) and is answered from that epoch."""
     model_a = build_tiny_model(tmp_path / "a", seed=11)
     model_b = build_tiny_model(tmp_path / "b", seed=12)
     with LocalFleet(tmp_path / "fleet", workers=1, sidecar_args=SIDECAR_ARGS) as fleet:
@@ -110,7 +113,7 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
 
         caller = threading.Thread(target=call)
         caller.start()
-        caller.join(timeout=3.0)
+        caller.join(timeout=0.5)
         assert not answers, "answered from an epoch older than the caller had seen"
         second = reg.promote(task, "mb", override=True, reason="newer", pinned=True)
         caller.join(timeout=35)

@@ -1,12 +1,16 @@
 """The public HTTP edge: ``create_gateway(nats_url)`` returns the ASGI app.
 
 Every request goes the same way, and stops at the first check that fails: authenticate (401;
-503 until the control plane's directory is seen) -> the key's quota (429) -> read the body
-within the size limit (413) -> decode it (400/415) -> the key's roles and tasks (403) -> the
-task exists (404) -> the body fits the task's kind (400: embeddings for a retrieval task,
-query + documents for a rerank task, inputs for a classification task) -> the task is placed
-(503) -> a live worker runs it (503) -> queue it and wait for the reply (504 at the deadline).
-Nothing is published before every check passed, so a rejected request never reaches the queue.
+503 until the control plane's directory is seen) -> the key's request quota (429) -> the
+X-Taskfleet-* headers (400) -> read the body within the size limit (413) -> decode it (400/415)
+-> the key's roles and tasks (403) -> the task exists (404) -> the body fits the task's kind
+(400: embeddings for a retrieval task, query + documents for a rerank task, inputs for a
+classification task) -> every text within the task's per-text limits (413) -> the task is
+placed (503) -> a live worker runs it (503) -> the caller's minimum epoch is one this gateway
+knows (503 after a short wait) -> the key's token quota (429, or 413 above its burst) -> queue
+it and wait for the reply (504 at the deadline). Nothing is published before every check
+passed, so a rejected request never reaches the queue, and no accepted one asks a worker for
+more than the task allows.
 
 The gateway needs NATS only: keys and tasks (with their kind) come from KV ``directory``,
 placements from KV ``placements`` (both published by the leading control plane, followed in
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,29 +28,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from httpapi.docs import mount_docs
-from httpapi.errors import ApiError
+from httpapi.errors import ApiError, shown
 from httpapi.handlers import ERROR_RESPONSES, error_response, install_error_handlers
 from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
 from serving.connection import NatsTarget
-from serving.directory import KeyRecord
+from serving.directory import KeyRecord, TaskRecord
 from serving.gateway import bodies, bodies_classify, bodies_rerank
+from serving.gateway.admission import Admission
 from serving.gateway.dispatch import Dispatcher, DispatchSettings, TaskRequest
 from serving.gateway.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
     PayloadTooLarge,
-    RateLimited,
     Unauthenticated,
     Unavailable,
     UnknownTask,
 )
-from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL, GatewayMetrics
-from serving.gateway.quotas import Quotas
+from serving.gateway.headers import CallHeaders, call_headers
+from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL, GatewayMetrics, check_scraper
 from serving.protocol import AnyReplyOk, ClassifyReplyOk, PlacementValue, ScoreReplyOk
 
 log = logging.getLogger(__name__)
@@ -60,12 +63,13 @@ KIND_ENDPOINT = {
     "rerank": "/v1/rerank",
     "classification": "/v1/classify",
 }
+METRICS_RESPONSE_DOC: dict[str, Any] = {
+    "description": "Prometheus text exposition (with the bearer metrics token).",
+    "content": {"text/plain": {}},
+}
 # The kind of a placed task the directory does not list: control planes from before task
 # kinds published only retrieval tasks.
 LEGACY_KIND = "retrieval"
-HEADER_TIMEOUT = "X-Taskfleet-Timeout-Ms"
-HEADER_PRIORITY = "X-Taskfleet-Priority"
-HEADER_MIN_EPOCH = "X-Taskfleet-Min-Epoch"
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,11 @@ class GatewaySettings:
     inline_limit_bytes: int = 1_000_000
     workers_refresh_s: float = 1.0
     retry_after_s: int = 2
+    # How long a caller's X-Taskfleet-Min-Epoch ahead of this gateway's placement may wait for
+    # the placement to arrive (dispatch.Dispatcher.await_epoch).
+    min_epoch_wait_s: float = 2.0
+    # The bearer token /metrics requires; None: /metrics is open only when auth is off.
+    metrics_token: str | None = None
 
 
 @dataclass
@@ -92,7 +101,7 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
     """The gateway on NATS at ``nats_url`` (URL(s), or options with credentials and TLS)."""
     settings = settings or GatewaySettings()
     metrics = GatewayMetrics()
-    quotas = Quotas()
+    admission = Admission(metrics)
     dispatcher = Dispatcher(
         nats_url,
         DispatchSettings(
@@ -100,6 +109,7 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
             inline_limit_bytes=settings.inline_limit_bytes,
             workers_refresh_s=settings.workers_refresh_s,
             retry_after_s=settings.retry_after_s,
+            min_epoch_wait_s=settings.min_epoch_wait_s,
         ),
         metrics,
     )
@@ -164,27 +174,27 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
         key = find_key(token)
         if not CALL_ROLES & set(key.roles):
             raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
-        if key.rate_limit_per_s is not None:
-            wait_s = quotas.take(key.name, key.rate_limit_per_s, key.rate_burst)
-            if wait_s > 0:
-                metrics.rate_limited.labels(key=key.name).inc()
-                raise RateLimited(
-                    f"API key {key.name!r} is over its quota of "
-                    f"{key.rate_limit_per_s:g} requests/s",
-                    retry_after_s=max(1, math.ceil(wait_s)),
-                )
+        admission.charge_request(key)
         return key
+
+    def headers_of(request: Request) -> CallHeaders:
+        return call_headers(
+            request.headers,
+            default_timeout_s=settings.default_timeout_s,
+            max_timeout_s=settings.max_timeout_s,
+        )
 
     def find_task(
         task: str, key: KeyRecord | None, outcome: _Outcome
-    ) -> tuple[str, PlacementValue | None]:
-        """The task's kind and placement, from the published view (never the registry); 403
-        outside the key's tasks, 404 when unknown, 503 until the directory is seen."""
+    ) -> tuple[TaskRecord, PlacementValue | None]:
+        """The task's record (kind, limits) and placement, from the published view (never the
+        registry); 403 outside the key's tasks, 404 when unknown, 503 until the directory is
+        seen."""
         if key is not None and key.tasks and task not in key.tasks:
-            raise Forbidden(f"this API key may not call task {task!r}")
+            raise Forbidden(f"this API key may not call task {shown(task)}")
         placement = view.placements.get(task)
-        kind = view.tasks.get(task)
-        if kind is None:
+        record = view.tasks.get(task)
+        if record is None:
             # A task is known from the directory, which also says its kind. A placement
             # alone serves only once the directory is read: an older control plane published
             # placements of retrieval tasks only; a newer one publishes the directory right
@@ -192,12 +202,12 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
             if not (view.directory_published and view.synced):
                 raise not_ready("tasks and placements")
             if placement is None:
-                raise UnknownTask(f"unknown task {task!r}")
-            kind = LEGACY_KIND
+                raise UnknownTask(f"unknown task {shown(task)}")
+            record = TaskRecord(task, LEGACY_KIND)
         outcome.task = task
-        return kind, placement
+        return record, placement
 
-    async def check_servable(task: str, placement: PlacementValue | None) -> None:
+    async def check_servable(task: str, placement: PlacementValue | None) -> PlacementValue:
         try:
             nats_layout.check_task_name(task)
         except nats_layout.InvalidTaskName as exc:
@@ -214,38 +224,42 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
                 code="NO_WORKER",
                 retry_after_s=settings.retry_after_s,
             )
+        return placement
 
-    async def run(request: Request, task: str, parsed: TaskRequest) -> AnyReplyOk:
+    async def run(
+        record: TaskRecord,
+        placement: PlacementValue | None,
+        parsed: TaskRequest,
+        key: KeyRecord | None,
+        call: CallHeaders,
+    ) -> AnyReplyOk:
+        """The checks of a parsed body of the task's kind, in order, then queue it."""
+        task = record.name
+        parsed.check_limits(record)
+        served = await check_servable(task, placement)
+        await dispatcher.await_epoch(task, call.min_epoch, call.timeout_s)
+        admission.charge_tokens(key, parsed, served)
         return await dispatcher.submit(
             task,
             parsed,
-            timeout_s=request_timeout(request),
-            priority=request_priority(request),
-            min_epoch=request_min_epoch(request),
+            timeout_s=call.timeout_s,
+            priority=call.priority,
+            min_epoch=call.min_epoch,
+            key=key.name if key is not None else None,
         )
 
-    async def stock_call(task: str, want: str, outcome: _Outcome, key: KeyRecord | None) -> None:
-        """The checks of a stock-client endpoint once its body is parsed: the task exists, is
-        of the endpoint's kind, and can be served."""
-        kind, placement = find_task(task, key, outcome)
-        if kind != want:
+    def stock_task(
+        task: str, want: str, outcome: _Outcome, key: KeyRecord | None
+    ) -> tuple[TaskRecord, PlacementValue | None]:
+        """A stock-client endpoint's task once its body is parsed: it exists and is of the
+        endpoint's kind."""
+        record, placement = find_task(task, key, outcome)
+        if record.kind != want:
             raise BadRequest(
-                f"task {task!r} is a {kind} task; call POST {KIND_ENDPOINT.get(kind, '?')} "
-                "(or POST /v1/tasks/{task})"
+                f"task {task!r} is a {record.kind} task; call POST "
+                f"{KIND_ENDPOINT.get(record.kind, '?')} (or POST /v1/tasks/{{task}})"
             )
-        await check_servable(task, placement)
-
-    def request_timeout(request: Request) -> float:
-        raw = request.headers.get(HEADER_TIMEOUT)
-        if raw is None:
-            return settings.default_timeout_s
-        try:
-            millis = int(raw)
-        except ValueError:
-            millis = 0
-        if millis <= 0:
-            raise BadRequest(f"{HEADER_TIMEOUT} must be a positive integer; got {raw!r}")
-        return min(millis / 1000, settings.max_timeout_s)
+        return record, placement
 
     async def measured(outcome: _Outcome, handler: Callable[[], Awaitable[Response]]) -> Response:
         started = time.perf_counter()
@@ -273,20 +287,20 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
 
         async def handle() -> Response:
             key = await authenticate(request)
+            call = headers_of(request)
             body = await read_body(request, settings.max_body_bytes)
             fmt = bodies.body_format(request.headers.get("content-type"))
             obj = bodies.decode_map(body, fmt)
-            kind, placement = find_task(task, key, outcome)
+            record, placement = find_task(task, key, outcome)
             limit = settings.max_inputs
             parsed: TaskRequest
-            if kind == "rerank":
+            if record.kind == "rerank":
                 parsed = bodies_rerank.parse_rerank_body(obj, limit)
-            elif kind == "classification":
+            elif record.kind == "classification":
                 parsed = bodies_classify.parse_classify_body(obj, limit)
             else:
                 parsed = bodies.parse_embed_body(obj, limit)
-            await check_servable(task, placement)
-            reply = await run(request, task, parsed)
+            reply = await run(record, placement, parsed, key, call)
             out = bodies.response_format(fmt, request.headers.get("accept"))
             if isinstance(reply, ScoreReplyOk):
                 content = bodies_rerank.rerank_response(reply, out)
@@ -310,10 +324,11 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
 
         async def handle() -> Response:
             key = await authenticate(request)
+            call = headers_of(request)
             body = await read_body(request, settings.max_body_bytes)
             parsed = parse(body, settings.max_inputs)
-            await stock_call(parsed.task, kind, outcome, key)
-            reply = await run(request, parsed.task, parsed.request)
+            record, placement = stock_task(parsed.task, kind, outcome, key)
+            reply = await run(record, placement, parsed.request, key, call)
             return JSONResponse(answer(reply, parsed), headers=served_by(reply))
 
         return await measured(outcome, handle)
@@ -365,32 +380,20 @@ def create_gateway(nats_url: NatsTarget, settings: GatewaySettings | None = None
             )
         return JSONResponse({"status": "ready", "nats": True, "view": view.describe()})
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus() -> Response:
+    # Documented by hand: a text/plain response_class would document the JSON errors as text.
+    @app.get("/metrics", responses={200: METRICS_RESPONSE_DOC})
+    async def prometheus(request: Request) -> Response:
+        """Prometheus text for the scraper: with a metrics token, only with that bearer token;
+        without one, only when auth is off (the figures name every task and API key)."""
+        check_scraper(
+            request.headers.get("authorization"),
+            token=settings.metrics_token,
+            require_auth=settings.require_auth,
+        )
         metrics.set_queue(await dispatcher.queue_snapshot())
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return app
-
-
-def request_priority(request: Request) -> int:
-    raw = request.headers.get(HEADER_PRIORITY, "0")
-    try:
-        return int(raw)
-    except ValueError:
-        raise BadRequest(f"{HEADER_PRIORITY} must be an integer; got {raw!r}") from None
-
-
-def request_min_epoch(request: Request) -> int:
-    """``X-Taskfleet-Min-Epoch``: the newest epoch the caller has had a reply from (0: none)."""
-    raw = request.headers.get(HEADER_MIN_EPOCH, "0")
-    try:
-        epoch = int(raw)
-    except ValueError:
-        epoch = -1
-    if epoch < 0:
-        raise BadRequest(f"{HEADER_MIN_EPOCH} must be an integer >= 0; got {raw!r}")
-    return epoch
 
 
 def served_by(reply: AnyReplyOk) -> dict[str, str]:

@@ -3,14 +3,18 @@ the shared parts (formats, decoding, input checks) and the embedding bodies. Rer
 classification bodies live in ``bodies_rerank`` and ``bodies_classify``.
 
 The gateway reads only the envelope of a request: the input strings and their kind. It checks
-their *shape* (types, emptiness, count) so that nothing malformed reaches the queue, but never
-looks inside a text.
+their *shape* (types, emptiness, count) and their *length* against the task's per-text limits
+(413; ``registry/limits.py``) so that nothing malformed or unbounded reaches the queue, but never
+looks inside a text. What a request costs is estimated here too (``estimate_tokens``): the
+gateway holds no tokenizer, so a text counts a quarter of its characters, at most the model's
+``max_seq_length`` (workers cut every text to it).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import sys
 import typing
 from dataclasses import dataclass
 from enum import Enum
@@ -19,7 +23,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from serving.gateway.errors import BadRequest, UnsupportedMediaType
+from httpapi.errors import shown
+from serving.directory import TaskRecord
+from serving.gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from serving.protocol import PayloadRef, QueuePayload, ReplyOk, TextKind, inline_data
 
 TEXT_KINDS: tuple[TextKind, ...] = typing.get_args(TextKind)
@@ -111,6 +117,7 @@ def request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
 class EmbedRequest:
     inputs: list[str]
     kind: TextKind
+    field: str = "inputs"  # what the caller's body calls the inputs, for messages
 
     reply_type = ReplyOk
 
@@ -121,6 +128,12 @@ class EmbedRequest:
 
     def payload(self, task: str, texts: list[str] | PayloadRef) -> QueuePayload:
         return QueuePayload(task=task, kind=self.kind, inputs=texts)
+
+    def check_limits(self, task: TaskRecord) -> None:
+        check_lengths(self.inputs, self.field, task.max_text_chars, "max_text_chars", task.name)
+
+    def tokens(self, max_seq_length: int | None = None) -> int:
+        return estimate_tokens(self.inputs, max_seq_length)
 
 
 def body_format(content_type: str | None) -> Format:
@@ -204,11 +217,36 @@ def check_inputs(value: Any, field: str, max_inputs: int) -> list[str]:
     return typing.cast(list[str], texts)
 
 
+def check_lengths(texts: list[str], field: str, limit: int, setting: str, task: str) -> None:
+    """413 for the first text above ``limit`` characters, naming it and the task's limit
+    (``field`` names a list of texts; a field that is one text is named without an index)."""
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            where = field if field == "query" else f"{field}[{i}]"
+            raise PayloadTooLarge(
+                f"'{where}' has {len(text)} characters; task {task!r} allows at most "
+                f"{limit} per text ({setting})"
+            )
+
+
+# The gateway's estimate of a text's model tokens: a quarter of its characters.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(texts: list[str], max_seq_length: int | None = None) -> int:
+    """The estimated tokens of ``texts``: a quarter of the characters per text, at least 1 and
+    at most ``max_seq_length`` (what the model reads of it; None: no cap). The gateway never
+    tokenises (it holds no tokenizer; the sidecar counts real tokens for batching): quotas and
+    OpenAI's ``usage`` use this estimate."""
+    cap = max_seq_length or sys.maxsize
+    return sum(min(cap, max(1, len(t) // CHARS_PER_TOKEN)) for t in texts)
+
+
 def check_kind(value: Any) -> TextKind:
     if value is None:
         return DEFAULT_KIND
     if value not in TEXT_KINDS:
-        raise BadRequest(f"'kind' must be one of {', '.join(TEXT_KINDS)}; got {value!r}")
+        raise BadRequest(f"'kind' must be one of {', '.join(TEXT_KINDS)}; got {shown(value)}")
     return typing.cast(TextKind, value)
 
 
@@ -219,11 +257,17 @@ def decode_map(body: bytes, fmt: Format) -> dict[str, Any]:
     return obj
 
 
+# How many unknown fields a refusal names (a body may hold a million).
+SHOWN_FIELDS = 5
+
+
 def check_fields(obj: dict[str, Any], allowed: set[str], required: tuple[str, ...]) -> None:
     unknown = sorted(str(k) for k in set(obj) - allowed)
     if unknown:
         expected = ", ".join(f"'{a}'" for a in sorted(allowed))
-        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; expected {expected}")
+        named = ", ".join(shown(k) for k in unknown[:SHOWN_FIELDS])
+        more = f" and {len(unknown) - SHOWN_FIELDS} more" if len(unknown) > SHOWN_FIELDS else ""
+        raise BadRequest(f"unknown field(s) {named}{more}; expected {expected}")
     for name in required:
         if name not in obj:
             raise BadRequest(f"missing field '{name}'")
@@ -259,10 +303,12 @@ def parse_openai_request(body: bytes, max_inputs: int) -> OpenAIRequest:
         )
     encoding = obj.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise BadRequest(f"'encoding_format' must be 'float' or 'base64'; got {encoding!r}")
+        raise BadRequest(f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
     if obj.get("dimensions") is not None:
         raise BadRequest("'dimensions' is not supported: a task's model has fixed dimensions")
-    request = EmbedRequest(check_inputs(raw, "input", max_inputs), check_kind(obj.get("kind")))
+    request = EmbedRequest(
+        check_inputs(raw, "input", max_inputs), check_kind(obj.get("kind")), field="input"
+    )
     return OpenAIRequest(task=model, request=request, encoding_format=encoding)
 
 
@@ -274,13 +320,6 @@ def embed_response(reply: ReplyOk, fmt: Format) -> bytes:
         return typing.cast(bytes, msgpack.packb(body, use_bin_type=True))
     matrix = reply.matrix()
     return json.dumps({"embeddings": matrix.tolist(), **head, "epoch": reply.epoch}).encode()
-
-
-def estimate_tokens(texts: list[str]) -> int:
-    """A quarter of the characters: the gateway never tokenises (it does not hold the model's
-    tokenizer; the sidecar counts real tokens for batching), so OpenAI's ``usage`` reports
-    this estimate."""
-    return sum(max(1, len(t) // 4) for t in texts)
 
 
 def encode_response(body: dict[str, Any], fmt: Format) -> bytes:
@@ -299,7 +338,7 @@ def openai_response(reply: ReplyOk, parsed: OpenAIRequest) -> dict[str, Any]:
         else:
             embedding = row.tolist()
         data.append({"object": "embedding", "index": i, "embedding": embedding})
-    tokens = estimate_tokens(parsed.request.inputs)
+    tokens = parsed.request.tokens()
     return {
         "object": "list",
         "data": data,

@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from serving.directory import TaskRecord
 from serving.gateway.bodies import (
     Format,
     check_fields,
     check_inputs,
+    check_lengths,
     decode_body,
     encode_response,
     estimate_tokens,
@@ -25,6 +27,7 @@ from serving.protocol import ClassifyPayload, ClassifyReplyOk, PayloadRef, inlin
 @dataclass(frozen=True)
 class ClassifyRequest:
     inputs: list[str]
+    field: str = "inputs"  # what the caller's body calls the inputs, for messages
 
     reply_type: ClassVar[type] = ClassifyReplyOk
 
@@ -34,6 +37,12 @@ class ClassifyRequest:
 
     def payload(self, task: str, texts: list[str] | PayloadRef) -> ClassifyPayload:
         return ClassifyPayload(task=task, inputs=texts)
+
+    def check_limits(self, task: TaskRecord) -> None:
+        check_lengths(self.inputs, self.field, task.max_text_chars, "max_text_chars", task.name)
+
+    def tokens(self, max_seq_length: int | None = None) -> int:
+        return estimate_tokens(self.inputs, max_seq_length)
 
 
 def parse_classify_body(obj: dict[str, Any], max_inputs: int) -> ClassifyRequest:
@@ -87,9 +96,8 @@ def parse_classify_api(body: bytes, max_inputs: int) -> ClassifyApiRequest:
         raise BadRequest("'raw_scores' must be false (or left out)")
     if raw_scores:
         raise BadRequest("'raw_scores' is not supported: scores are label probabilities")
-    return ClassifyApiRequest(
-        model, ClassifyRequest(check_inputs(obj["input"], "input", max_inputs))
-    )
+    inputs = check_inputs(obj["input"], "input", max_inputs)
+    return ClassifyApiRequest(model, ClassifyRequest(inputs, field="input"))
 
 
 def classify_api_response(
@@ -101,7 +109,7 @@ def classify_api_response(
         pairs = [(label, float(p)) for label, p in zip(reply.labels, row, strict=True)]
         ranked = sorted(pairs, key=lambda pair: -pair[1])
         data.append([{"label": label, "score": score} for label, score in ranked])
-    tokens = estimate_tokens(parsed.request.inputs)
+    tokens = parsed.request.tokens()
     return {
         "object": "classify",
         "id": request_id,

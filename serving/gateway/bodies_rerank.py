@@ -3,15 +3,19 @@ shape Cohere and Jina define (and infinity and vLLM accept), ``model`` naming th
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from httpapi.errors import shown
+from serving.directory import TaskRecord
 from serving.gateway.bodies import (
     Format,
     check_fields,
     check_inputs,
+    check_lengths,
     decode_body,
     encode_response,
     estimate_tokens,
@@ -36,9 +40,20 @@ class RerankRequest:
     def payload(self, task: str, texts: list[str] | PayloadRef) -> ScorePayload:
         return ScorePayload(task=task, query=self.query, documents=texts)
 
-    def tokens(self) -> int:
-        """The sidecar's batching estimate: each (query, document) pair holds both texts."""
-        return estimate_tokens([self.query]) * len(self.documents) + estimate_tokens(self.documents)
+    def check_limits(self, task: TaskRecord) -> None:
+        """The query and each document against their own limits (a query is read with every
+        document, so tasks keep it shorter)."""
+        check_lengths([self.query], "query", task.max_query_chars, "max_query_chars", task.name)
+        check_lengths(
+            self.documents, "documents", task.max_document_chars, "max_document_chars", task.name
+        )
+
+    def tokens(self, max_seq_length: int | None = None) -> int:
+        """Each (query, document) pair is one sequence holding both texts, as the model reads
+        it: the query counts once per document, each pair at most ``max_seq_length``."""
+        query = estimate_tokens([self.query])
+        cap = max_seq_length or sys.maxsize
+        return sum(min(cap, query + estimate_tokens([d])) for d in self.documents)
 
 
 def check_query(value: Any) -> str:
@@ -121,7 +136,7 @@ def parse_cohere_rerank(body: bytes, max_inputs: int) -> CohereRerank:
         raw = [_document_text(d, i) for i, d in enumerate(raw)]
     top_n = obj.get("top_n")
     if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
-        raise BadRequest(f"'top_n' must be a positive integer; got {top_n!r}")
+        raise BadRequest(f"'top_n' must be a positive integer; got {shown(top_n)}")
     return_documents = obj.get("return_documents", False)
     if not isinstance(return_documents, bool):
         raise BadRequest("'return_documents' must be true or false")

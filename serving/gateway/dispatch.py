@@ -71,6 +71,8 @@ HEADER_DEADLINE = "Tf-Deadline"
 HEADER_PRIORITY = "Tf-Priority"
 # The oldest placement epoch a worker may answer from (sidecar/src/worker/batch.rs `fence`).
 HEADER_MIN_EPOCH = "Tf-Min-Epoch"
+# The caller's API key name (absent when auth is off): workers share batches fairly by it.
+HEADER_KEY = "Tf-Key"
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class DispatchSettings:
     workers_refresh_s: float = 1.0
     retry_after_s: int = 2
     publish_attempt_timeout_s: float = 2.0
+    # How long a request whose X-Taskfleet-Min-Epoch is ahead of this gateway's placement waits
+    # for the placement to arrive (the KV watch lags a promotion by milliseconds) before 503.
+    min_epoch_wait_s: float = 2.0
 
 
 def now_ms() -> int:
@@ -274,6 +279,24 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ requests
 
+    async def await_epoch(self, task: str, min_epoch: int, timeout_s: float) -> None:
+        """Return once this gateway knows the task at ``min_epoch`` or newer (its placement, or
+        a reply it had), waiting at most ``min_epoch_wait_s`` (and the request's timeout) for
+        its placement watch to catch up; else 503 ``NOT_READY``. A request never reaches the
+        queue stamped with an epoch no worker serves, where it would stall the task."""
+        if min_epoch <= self._epochs.get(task, 0):
+            return
+        wait_s = min(self.settings.min_epoch_wait_s, timeout_s)
+        if await self.view.wait_for_epoch(task, min_epoch, wait_s):
+            return
+        raise Unavailable(
+            f"the caller has seen epoch {min_epoch} of task {task!r} (X-Taskfleet-Min-Epoch); "
+            f"this gateway has epoch {self.view.placement_epoch(task)} and none newer arrived "
+            f"within {wait_s:g}s",
+            code="NOT_READY",
+            retry_after_s=self.settings.retry_after_s,
+        )
+
     async def submit(
         self,
         task: str,
@@ -282,14 +305,16 @@ class Dispatcher:
         timeout_s: float,
         priority: int,
         min_epoch: int = 0,
+        key: str | None = None,
     ) -> AnyReplyOk:
         """Queue one request and wait for its reply until the deadline; raises GatewayError.
 
         The request's texts (inputs, or a rerank request's documents) move to the object store
         when their msgpack array is above the inline limit. The request is stamped with the
         newest epoch that this gateway has answered the task from or that the caller says it
-        has seen (``min_epoch``): a worker still on an older epoch hands it back, so replies
-        never go back in epoch after a promotion."""
+        has seen (``min_epoch``, checked by ``await_epoch`` first): a worker still on an older
+        epoch hands it back, so replies never go back in epoch after a promotion. ``key`` (the
+        caller's API key name) travels as ``Tf-Key``."""
         js, layout = self._require_connection()
         request_id = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
@@ -303,6 +328,8 @@ class Dispatcher:
         }
         if fence > 0:
             headers[HEADER_MIN_EPOCH] = str(fence)
+        if key is not None:
+            headers[HEADER_KEY] = key
         future: asyncio.Future[AnyReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
         serving = await self._incarnations(task)
         # Registered before publishing: a fast worker may answer before publish() returns.

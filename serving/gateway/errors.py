@@ -1,7 +1,9 @@
 """Gateway failures, each one HTTP status and one code of the public error shape.
 
 Inside the gateway code raises these; ``httpapi.handlers`` turns them into the one public error
-shape (``httpapi.errors``), adding ``Retry-After`` for the retryable 503s.
+shape (``httpapi.errors``), adding ``Retry-After`` for the retryable 503s. What a caller sent is
+quoted cut short (``httpapi.errors.shown``) and every message is bounded there too, so a refusal
+never costs more than the request it refuses.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Unavailable(GatewayError):
 
 
 class RateLimited(GatewayError):
-    """The API key is over its request-rate quota: retry after ``Retry-After``."""
+    """The API key is over its request or token quota: retry after ``Retry-After``."""
 
     code = ErrorCode.RATE_LIMITED
 

@@ -28,7 +28,7 @@ from serving.directory import (
     TASK_PREFIX,
     DirectoryError,
     KeyRecord,
-    task_kind,
+    TaskRecord,
 )
 from serving.protocol import PlacementValue, ProtocolError, from_wire, unpack
 
@@ -42,8 +42,10 @@ SYNC_FALLBACK_S = 10.0
 class FleetView:
     def __init__(self) -> None:
         self.keys: dict[str, KeyRecord] = {}  # by token prefix
-        self.tasks: dict[str, str] = {}  # name -> kind
+        self.tasks: dict[str, TaskRecord] = {}  # by name: kind and per-text limits
         self.placements: dict[str, PlacementValue] = {}
+        # Set (and replaced) whenever a placement changes: what `wait_for_epoch` waits on.
+        self._placements_changed = asyncio.Event()
         # The control plane has published the directory at least once (its `meta` was seen).
         self.directory_published = False
         self.revisions: dict[str, int] = {
@@ -116,18 +118,41 @@ class FleetView:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
+    def _apply_placement(self, task: str, value: bytes | None) -> None:
+        if value is None:
+            self.placements.pop(task, None)
+            return
+        try:
+            self.placements[task] = from_wire(PlacementValue, unpack(value))
+        except ProtocolError as exc:
+            log.warning("ignoring a bad placement under %r: %s", task, exc)
+            self.placements.pop(task, None)
+
+    def placement_epoch(self, task: str) -> int:
+        """The epoch of the task's placement as this gateway has it (0: none)."""
+        placement = self.placements.get(task)
+        return placement.epoch if placement is not None else 0
+
+    async def wait_for_epoch(self, task: str, epoch: int, timeout_s: float) -> bool:
+        """Whether the task's placement reaches ``epoch`` within ``timeout_s`` (at once if it
+        already has): a caller that has seen a newer epoch through another gateway waits here
+        while this one's watch catches up, never in the queue."""
+        deadline = time.monotonic() + timeout_s
+        while self.placement_epoch(task) < epoch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._placements_changed.wait(), remaining)
+        return True
+
     def _apply(self, bucket: str, entry: KeyValue.Entry) -> None:
         key = entry.key
         gone = entry.operation in (KV_DEL, KV_PURGE)
         if bucket == nats_layout.PLACEMENTS_BUCKET:
-            if gone:
-                self.placements.pop(key, None)
-                return
-            try:
-                self.placements[key] = from_wire(PlacementValue, unpack(entry.value or b""))
-            except ProtocolError as exc:
-                log.warning("ignoring a bad placement under %r: %s", key, exc)
-                self.placements.pop(key, None)
+            self._apply_placement(key, None if gone else entry.value or b"")
+            changed, self._placements_changed = self._placements_changed, asyncio.Event()
+            changed.set()
             return
         if key == META_KEY:
             self.directory_published = self.directory_published or not gone
@@ -137,7 +162,7 @@ class FleetView:
                 self.tasks.pop(name, None)
                 return
             try:
-                self.tasks[name] = task_kind(entry.value or b"")
+                self.tasks[name] = TaskRecord.unpack(entry.value or b"")
             except DirectoryError as exc:
                 log.warning("ignoring a bad task record under %r: %s", key, exc)
                 self.tasks.pop(name, None)
