@@ -1,6 +1,7 @@
 """Reliability soak: a long stream of counted calls through the real fleet under each fault,
-the bad-input catalogue, and long property-test ("fuzz") sessions. Writes
-reports/reliability/README.md and reports/reliability/results.json.
+a hostile but authorised caller, the bad-input catalogue, and long property-test ("fuzz")
+sessions. Writes reports/reliability/README.md and reports/reliability/results.json, and the
+hostile caller's section to reports/reliability/hostile.md (alone: ``--only-hostile``).
 
 Fleet: nats-server, registry (SQLite), gateway, publisher + watcher, two real sidecars each with
 a PyTorch runtime; loopback only. Every answer is compared with the in-process vector of that
@@ -8,12 +9,13 @@ very text (tests/faults/reference.py). Models are random-initialised tiny BERTs 
 (32 dims; 384 dims for the 2048-input limit) so the soak measures the fleet, not the model.
 
     .venv/bin/python benchmarks/reliability.py [--calls 600] [--concurrency 32]
-        [--hypothesis-profile bench] [--proptest-cases 20000] [--skip-fuzz]
+        [--hypothesis-profile bench] [--proptest-cases 20000] [--skip-fuzz] [--only-hostile]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -38,6 +40,7 @@ import httpx  # noqa: E402
 from evals.report import machine_description  # noqa: E402
 from tests.faults import scenarios as sc  # noqa: E402
 from tests.faults.bad_inputs import catalogue, send_all  # noqa: E402
+from tests.faults.injectors import runtime_pid  # noqa: E402
 from tests.faults.reference import Reference  # noqa: E402
 from tests.fleet_fixture import LocalFleet, register_served_task, wait_until  # noqa: E402
 from tests.nats_fixture import unique_task  # noqa: E402
@@ -180,6 +183,160 @@ def run_faults(root: Path, models: dict[str, Path], load: sc.Load) -> list[dict[
     return rows
 
 
+# The hostile caller's key: its token burst holds FLOOD_INPUTS texts as long as the tiny model
+# reads (64 tokens), its rate two such floods a second; ATTACKER_RATE requests a second.
+FLOOD_INPUTS = 64
+FLOOD_TOKENS = FLOOD_INPUTS * 64
+ATTACKER_RATE = 10
+RSS_SETTLE_S = 60
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_hostile(root: Path, models: dict[str, Path], calls: int) -> dict[str, Any]:
+    """A normal key's stream alone, then while a hostile key at its quota (two connections per
+    attack, its own process) sends a minimum epoch far ahead, a 4 MB text, floods of the most
+    inputs its token burst allows (each alone, then all three); then floods of 2048 inputs
+    from a key without a quota, the fleet's behaviour before token quotas. The runtime's RSS
+    before, right after, and RSS_SETTLE_S after the attacks."""
+    load = sc.Load(calls=calls, concurrency=4, protocols=("msgpack",), timeout_ms=20_000)
+    reference = Reference(models["tiny"])
+    reference.prepare(load.texts())
+    fleet = LocalFleet(
+        root / "fleet-hostile", workers=1, sidecar_args=SIDECAR_ARGS, require_auth=True
+    ).start()
+    try:
+        task = sc.serve(fleet, models["tiny"], prefix="hostile")
+        _, normal = fleet.reg.create_api_key("normal-app", roles=["caller"])
+        _, quota = fleet.reg.create_api_key(
+            "greedy-app", roles=["caller"], rate_limit_per_s=ATTACKER_RATE,
+            rate_burst=ATTACKER_RATE, token_rate_per_s=2 * FLOOD_TOKENS,
+            token_burst=FLOOD_TOKENS,
+        )  # fmt: skip
+        _, unbounded = fleet.reg.create_api_key("unbounded-app", roles=["caller"])
+
+        def accepted() -> bool:
+            return all(
+                httpx.post(
+                    f"{fleet.gateway_url}/v1/tasks/{task}",
+                    json={"inputs": ["hallo"]},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                ).status_code
+                == 200
+                for key in (normal, quota, unbounded)
+            )
+
+        wait_until(accepted, timeout_s=30)
+        runtime = runtime_pid(fleet.sidecars[0])
+        rows = []
+        baseline = sc.no_fault(fleet, task, reference, load, api_key=normal).row()
+        rows.append({**baseline, "attacker_key": "-", "load_average": os.getloadavg()[0]})
+        log(f"hostile baseline: {json.dumps(baseline)}")
+        rss_before = rss_bytes(runtime)
+        for attacks in [(kind,) for kind in sc.ATTACKS] + [sc.ATTACKS]:
+            attack = sc.hostile_caller(
+                fleet, task, reference, load, attacks=attacks, normal_key=normal,
+                attacker_key=quota, flood_inputs=FLOOD_INPUTS,
+            )  # fmt: skip
+            label = f"{' + '.join(attacks)}, at its quota"
+            load_now = os.getloadavg()[0]
+            rows.append({**attack.row(), "attacker_key": label, "load_average": load_now})
+            log(f"hostile, {label}: {json.dumps(rows[-1])}")
+        rss_after = rss_bytes(runtime)
+        time.sleep(RSS_SETTLE_S)
+        rss_settled = rss_bytes(runtime)
+        # Shorter: behind floods of 2048 inputs each normal call waits seconds.
+        short = dataclasses.replace(load, calls=min(60, load.calls))
+        floods = sc.hostile_caller(
+            fleet, task, reference, short, attacks=("flood",), normal_key=normal,
+            attacker_key=unbounded, flood_inputs=sc.LIMIT,
+        )  # fmt: skip
+        rows.append(
+            {
+                **floods.row(),
+                "attacker_key": "no quota (floods of 2048 inputs)",
+                "load_average": os.getloadavg()[0],
+            }
+        )
+        log(f"hostile, no token quota: {json.dumps(rows[-1])}")
+    finally:
+        fleet.stop()
+    return {
+        "load": {"calls": load.calls, "concurrency": load.concurrency},
+        "quota": {"token_rate_per_s": 2 * FLOOD_TOKENS, "token_burst": FLOOD_TOKENS},
+        "rows": rows,
+        "runtime_rss": {"before": rss_before, "after": rss_after, "settled": rss_settled},
+    }
+
+
+def write_hostile(hostile: dict[str, Any], command: str) -> Path:
+    """reports/reliability/hostile.md: the normal caller's figures with and without attack."""
+    rss = hostile["runtime_rss"]
+    quota = hostile["quota"]
+    base = hostile["rows"][0]["p99_all_s"]
+    lines = [
+        "# A hostile but authorised caller",
+        "",
+        "One worker (a tiny random BERT, 64 tokens), auth on. A normal key sends "
+        f"{hostile['load']['calls']} one-text calls, {hostile['load']['concurrency']} in "
+        "flight, alone and then while another key keeps two connections per attack busy (each "
+        "attack alone, then all three): "
+        "`X-Taskfleet-Min-Epoch: 999999` with a 60 s timeout, one 4 MB text, and floods of the "
+        f"most inputs its token burst allows ({FLOOD_INPUTS} texts longer than the model reads), "
+        f"at its quota ({ATTACKER_RATE} requests/s, {quota['token_rate_per_s']} tokens/s, "
+        f"token burst {quota['token_burst']}: it honours Retry-After), from a process of its "
+        "own. The last row (a shorter stream) is a key without a quota sending floods of 2048 "
+        "inputs: what any key could do before token quotas. The machine's load average is "
+        "given per row: latencies on a shared 2-core machine are noisy.",
+        "",
+        "| attacker | normal: sent | answered | lost | p99 | p99 / baseline | attacker got | "
+        "slowest refusal | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in hostile["rows"]:
+        ok = row.get("attacker", {}).get("200", 0)
+        codes = row.get("attacker_codes", {}).items()
+        got = ", ".join([f"200 {ok}"] * bool(ok) + [f"{c} {n}" for c, n in codes]) or "-"
+        slowest = row.get("slowest_refusal_s") if row.get("attacker_codes") else None
+        label = row["fault"] if row["attacker_key"] == "-" else row["attacker_key"]
+        cells = [
+            label,
+            row["sent"],
+            row["answered"],
+            row["lost"] + row["wrong"] + row["gave_up"],
+            f"{row['p99_all_s']:.3f} s",
+            f"{row['p99_all_s'] / base:.1f}x" if base else "-",
+            got,
+            f"{slowest} s" if slowest is not None else "-",
+            f"{row['load_average']:.1f}",
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    mib = 1 << 20
+    back = rss["settled"] <= 1.2 * rss["before"]
+    lines += [
+        "",
+        f"Runtime RSS: {rss['before'] / mib:.0f} MiB before the attack, "
+        f"{rss['after'] / mib:.0f} MiB right after, {rss['settled'] / mib:.0f} MiB "
+        f"{RSS_SETTLE_S} s later ({'within' if back else 'NOT within'} 20% of before).",
+        "",
+        "```",
+        command,
+        ".venv/bin/pytest -q tests/faults/test_hostile.py   # the same, shorter, in make test",
+        "```",
+        "",
+    ]
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = REPORT_DIR / "hostile.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def run_bad_inputs(root: Path, models: dict[str, Path]) -> dict[str, Any]:
     fleet = LocalFleet(root / "fleet-bad", workers=1, sidecar_args=SIDECAR_ARGS).start()
     try:
@@ -318,6 +475,12 @@ def write_report(results: dict[str, Any]) -> Path:
         "",
         f"Bad requests that reached a worker: {bad['reached_a_worker']}.",
         "",
+        "## A hostile caller",
+        "",
+        "A normal key's p99 while another key sends the worst requests it may (minimum epoch "
+        "far ahead, texts above the limit, floods at its token quota): "
+        "[hostile.md](hostile.md).",
+        "",
         "## Bad input by machine",
         "",
     ]
@@ -365,6 +528,11 @@ def main() -> int:
     parser.add_argument("--hypothesis-profile", default="bench")
     parser.add_argument("--proptest-cases", type=int, default=20_000)
     parser.add_argument("--skip-fuzz", action="store_true", help="no hypothesis/proptest run")
+    parser.add_argument(
+        "--only-hostile",
+        action="store_true",
+        help="only the hostile caller (writes reports/reliability/hostile.md)",
+    )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so every fleet started here is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -379,6 +547,13 @@ def main() -> int:
         root = Path(tmp)
         log("building models")
         models = build_models(root / "models")
+        log("a hostile caller")
+        hostile = run_hostile(root, models, max(120, load.calls // 2))
+        log(f"wrote {write_hostile(hostile, results['command'])}")
+        hostile_broken = any(r["lost"] or r["wrong"] for r in hostile["rows"][:2])
+        if args.only_hostile:
+            return 1 if hostile_broken else 0
+        results["hostile"] = hostile
         log("fault streams")
         results["faults"] = run_faults(root, models, load)
         log("bad inputs")
@@ -395,6 +570,8 @@ def main() -> int:
         if r["lost"] or r["wrong"] or r["duplicated"] or r["internal_errors"]
     ]
     log(f"wrote {path}")
+    if hostile_broken:
+        broken.append("a hostile caller")
     if broken:
         log(f"PROMISE BROKEN under: {', '.join(broken)}")
         return 1

@@ -142,12 +142,14 @@ class LocalFleet:
         separate_caches: bool = False,
         gateways: int = 1,
         artifact_source: str | None = None,
+        require_auth: bool = False,
     ) -> None:
         """``runtimes``: the runtime of each worker (default: all torch). ``separate_caches``:
         each worker its own artifact cache (``cache<i>``), as on separate machines; else one
         shared cache, as `taskfleet up` has. ``gateways``: how many gateways (each its own
         uvicorn thread and NATS connection; ``gateway_urls``; ``gateway_url`` is the first).
-        ``artifact_source``: an s3://bucket/prefix instead of the NATS object store."""
+        ``artifact_source``: an s3://bucket/prefix instead of the NATS object store.
+        ``require_auth``: gateways that take API keys (``reg.create_api_key``) only."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
@@ -156,6 +158,7 @@ class LocalFleet:
         self.separate_caches = separate_caches
         self.artifact_source = artifact_source
         self.n_gateways = gateways
+        self.require_auth = require_auth
         self.gateway_urls: list[str] = []
         self._gateway_servers: list[uvicorn.Server] = []
         self.sidecar_args = sidecar_args or [
@@ -192,7 +195,9 @@ class LocalFleet:
             port = free_port()
             app = create_gateway(
                 self.nats.url,
-                GatewaySettings(require_auth=False, workers_refresh_s=0.2, retry_after_s=1),
+                GatewaySettings(
+                    require_auth=self.require_auth, workers_refresh_s=0.2, retry_after_s=1
+                ),
             )
             server = uvicorn.Server(
                 uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")

@@ -11,6 +11,7 @@ which outlives any process it restarts (see :mod:`tests.faults.injectors`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -165,7 +166,9 @@ def _client(fleet: LocalFleet, task: str, reference: Reference, load: Load, **kw
 # ---- the faults -----------------------------------------------------------------------------
 
 
-def no_fault(fleet: LocalFleet, task: str, reference: Reference, load: Load) -> FaultRun:
+def no_fault(
+    fleet: LocalFleet, task: str, reference: Reference, load: Load, *, api_key: str | None = None
+) -> FaultRun:
     """The same stream with nothing injected: the baseline of a run's latencies."""
     window = Window("none (baseline)")
 
@@ -173,7 +176,7 @@ def no_fault(fleet: LocalFleet, task: str, reference: Reference, load: Load) -> 
         wait_until(lambda: tally.sent >= load.calls, timeout_s=600, every_s=0.05)
         return window
 
-    client = _client(fleet, task, reference, load)
+    client = _client(fleet, task, reference, load, api_key=api_key)
     tally, _ = run_stream(fleet, client, _counted(load), load.concurrency, fault)
     return FaultRun(window.name, tally, window.close())
 
@@ -379,3 +382,159 @@ def _sample(text: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+# ---- a hostile but authorised caller ------------------------------------------------------
+
+# What an attacking caller sends, each the worst request of its kind that the gateway accepts
+# or that once took a task down: ``epoch`` a minimum epoch far ahead of every placement (the
+# issue: every other caller got 504 for ~50 s), ``huge`` one text above the task's limit inside
+# the body limit (the issue: a 30 MB text stalled the task for 114 s), ``flood`` requests of
+# the most inputs the key's token burst allows, each longer than the model reads, as fast as
+# the key's token rate lets them through, and ``flood`` requests above that burst (refused).
+ATTACKS = ("epoch", "huge", "flood")
+HUGE_TEXT_CHARS = 4_000_000
+FAR_EPOCH = "999999"
+
+
+@dataclass
+class Attack:
+    """What the attacking lanes were answered (status -> count) and how long the refusals
+    took at most."""
+
+    statuses: dict[int, int] = field(default_factory=dict)
+    codes: dict[str, int] = field(default_factory=dict)
+    slowest_refusal_s: float = 0.0
+
+    def note(self, response: Any, seconds: float) -> None:
+        self.statuses[response.status_code] = self.statuses.get(response.status_code, 0) + 1
+        if response.status_code != 200:
+            code = response.json()["error"]["code"]
+            self.codes[code] = self.codes.get(code, 0) + 1
+            self.slowest_refusal_s = max(self.slowest_refusal_s, seconds)
+
+
+def flood_texts(n: int) -> list[str]:
+    """Distinct texts, each long enough that the model reads its whole max_seq_length."""
+    return [sentence(500_000 + i, words=120) for i in range(n)]
+
+
+async def _attack_lane(
+    base_url: str,
+    task: str,
+    kind: str,
+    api_key: str | None,
+    stop: asyncio.Event,
+    seen: Attack,
+    flood_inputs: int,
+) -> None:
+    import httpx
+    import msgpack
+
+    headers = {"Content-Type": "application/msgpack"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    if kind == "epoch":
+        texts, headers = ["frage"], {**headers, "X-Taskfleet-Min-Epoch": FAR_EPOCH}
+        headers["X-Taskfleet-Timeout-Ms"] = "60000"
+    elif kind == "huge":
+        texts = ["x" * HUGE_TEXT_CHARS]
+        headers["X-Taskfleet-Timeout-Ms"] = "120000"
+    else:
+        texts = flood_texts(flood_inputs)
+        headers["X-Taskfleet-Timeout-Ms"] = "60000"
+    body = msgpack.packb({"inputs": texts, "kind": "passage"})
+    async with httpx.AsyncClient(timeout=180) as http:
+        while not stop.is_set():
+            began = time.monotonic()
+            response = await http.post(f"{base_url}/v1/tasks/{task}", content=body, headers=headers)
+            seen.note(response, time.monotonic() - began)
+            if response.status_code == 429:  # at its quota: as often as the quota allows
+                wait = float(response.headers.get("Retry-After", "1"))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+            elif response.status_code != 200:
+                await asyncio.sleep(0.05)  # refused at once: again, but not in a busy loop
+
+
+def _attacker(
+    base_url: str,
+    task: str,
+    kinds: list[str],
+    api_key: str | None,
+    flood_inputs: int,
+    started: Any,
+    stop: Any,
+    results: Any,
+) -> None:
+    """The attacking caller in a process of its own (as on another machine, so that it slows
+    the normal caller only through the fleet): its lanes until ``stop``, then what they were
+    answered into ``results``."""
+    seen = Attack()
+
+    async def run() -> None:
+        stopping = asyncio.Event()
+
+        async def watch() -> None:
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            stopping.set()
+
+        lanes = [
+            _attack_lane(base_url, task, kind, api_key, stopping, seen, flood_inputs)
+            for kind in kinds
+        ]
+        await asyncio.gather(watch(), *lanes)
+
+    asyncio.run(run())
+    results.put((seen.statuses, seen.codes, seen.slowest_refusal_s))
+
+
+def hostile_caller(
+    fleet: LocalFleet,
+    task: str,
+    reference: Reference,
+    load: Load,
+    *,
+    attacks: tuple[str, ...] = ATTACKS,
+    lanes: int = 2,
+    normal_key: str | None = None,
+    attacker_key: str | None = None,
+    flood_inputs: int = 64,
+) -> FaultRun:
+    """A normal caller's counted stream (``normal_key``) while another caller
+    (``attacker_key``, its own process) keeps ``lanes`` connections per attack busy with the
+    worst requests (``ATTACKS``; a flood holds ``flood_inputs`` texts, the most its token
+    burst allows) until the stream has ended. The notes say what the attacker was answered."""
+    import multiprocessing
+
+    window = Window(f"hostile caller ({', '.join(attacks)})")
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process running threads
+    started, stop, results = spawn.Event(), spawn.Event(), spawn.Queue()
+    kinds = [kind for kind in attacks for _ in range(lanes)]
+    args = (fleet.gateway_url, task, kinds, attacker_key, flood_inputs, started, stop, results)
+    attacker = spawn.Process(target=_attacker, args=args, name="hostile-caller", daemon=True)
+    attacker.start()
+    try:
+        if not started.wait(timeout=120):
+            raise RuntimeError("the attacking process did not start")
+        time.sleep(0.5)  # the attack is under way before the stream begins
+        client = _client(fleet, task, reference, load, api_key=normal_key)
+
+        async def normal() -> Tally:
+            async with client:
+                return await client.stream(_counted(load), concurrency=load.concurrency)
+
+        tally = asyncio.run(normal())
+    finally:
+        stop.set()
+    # Lanes finish the request they are in: at most its timeout (the huge text's 120 s).
+    statuses, codes, slowest = results.get(timeout=240)
+    attacker.join(timeout=30)
+    notes = {
+        "attacker": {str(k): v for k, v in sorted(statuses.items())},
+        "attacker_codes": dict(sorted(codes.items())),
+        "slowest_refusal_s": round(slowest, 2),
+    }
+    return FaultRun(window.name, tally, window.close(), notes)
