@@ -27,7 +27,7 @@ from tests.suite_fixture import add_task, declare_suite
 
 MSGPACK = {"Content-Type": "application/msgpack"}
 MAX_BODY = 2 * 1024 * 1024
-EPOCH_WAIT_S = 1.0
+EPOCH_WAIT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_a_min_epoch_ahead_of_the_placement_is_refused_at_the_gateway(stack: Sta
     assert error["code"] == "NOT_READY" and error["retryable"] is True
     assert "999999" in str(error["message"]) and "epoch 1" in str(error["message"])
     assert int(refused.headers["Retry-After"]) >= 1
-    assert EPOCH_WAIT_S <= took < EPOCH_WAIT_S + 3, took
+    assert EPOCH_WAIT_S <= took < EPOCH_WAIT_S + 5, took
     assert stack.loop.run(stream_messages(stack.nats_url, task)) == 0
 
 
@@ -167,7 +167,7 @@ def test_a_min_epoch_waits_for_a_converging_placement(stack: Stack) -> None:
             )
         )
         caller.start()
-        time.sleep(EPOCH_WAIT_S / 4)
+        time.sleep(EPOCH_WAIT_S / 6)
         stack.registry.update_placement(task, replicas=2)  # the next epoch: 2
         stack.sync()
         caller.join(timeout=30)

@@ -83,7 +83,8 @@ def test_replicas_two_of_three_and_a_dead_holder_is_replaced(
 def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> None:
     """A caller that has seen the next epoch (through another gateway, say) waits at this
     gateway while the promotion reaches it (2 s at most: the gateway's `min_epoch_wait_s`,
-    then 503 NOT_READY, tests/test_gateway_limits.py) and is answered from that epoch."""
+    then 503 NOT_READY, retryable: tests/test_gateway_limits.py) and is answered from that
+    epoch, never from the older one."""
     model_a = build_tiny_model(tmp_path / "a", seed=11)
     model_b = build_tiny_model(tmp_path / "b", seed=12)
     with LocalFleet(tmp_path / "fleet", workers=1, sidecar_args=SIDECAR_ARGS) as fleet:
@@ -97,10 +98,12 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
         first = reg.promote(task, "ma", override=True, reason="first", pinned=True)
         fleet.serving(task, first.epoch)
         answers: list[httpx.Response] = []
+        not_yet: list[str] = []
 
         def call() -> None:
-            answers.append(
-                httpx.post(
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                response = httpx.post(
                     f"{fleet.gateway_url}/v1/tasks/{task}",
                     json={"inputs": ["x"]},
                     headers={
@@ -109,7 +112,12 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
                     },
                     timeout=40,
                 )
-            )
+                if response.status_code == 503:  # the epoch has not reached the gateway yet
+                    not_yet.append(response.json()["error"]["code"])
+                    time.sleep(float(response.headers["Retry-After"]))
+                    continue
+                answers.append(response)
+                return
 
         caller = threading.Thread(target=call)
         caller.start()
@@ -119,6 +127,7 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
         caller.join(timeout=35)
         assert answers and answers[0].status_code == 200, answers and answers[0].text
         assert int(answers[0].headers["X-Taskfleet-Epoch"]) == second.epoch
+        assert set(not_yet) <= {"NOT_READY"}, not_yet
         # A plain request after that is stamped by the gateway itself (it has answered from
         # epoch 2): never epoch 1 again.
         answer = httpx.post(f"{fleet.gateway_url}/v1/tasks/{task}", json={"inputs": ["y"]})
