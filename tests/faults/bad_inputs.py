@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import httpx
 import msgpack
 
+from registry.limits import DEFAULT_MAX_TEXT_CHARS
+
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 
@@ -125,6 +127,15 @@ def catalogue(max_inputs: int = 2048, max_body_bytes: int = 32 * 1024 * 1024) ->
             family, "body above the limit", b"\x90" * (max_body_bytes + 1), 413, "PAYLOAD_TOO_LARGE"
         )
     )
+    # One text above the task's per-text limit (the default), well inside the body limit.
+    long_text = "x" * (DEFAULT_MAX_TEXT_CHARS + 1)
+    both(
+        family,
+        "a text above the task's limit",
+        {"inputs": ["a", long_text]},
+        413,
+        "PAYLOAD_TOO_LARGE",
+    )
 
     # ---- headers
     family = "headers"
@@ -135,6 +146,11 @@ def catalogue(max_inputs: int = 2048, max_body_bytes: int = 32 * 1024 * 1024) ->
         ("timeout not a number", ("X-Taskfleet-Timeout-Ms", "soon")),
         ("timeout a float", ("X-Taskfleet-Timeout-Ms", "1e3")),
         ("priority not a number", ("X-Taskfleet-Priority", "high")),
+        ("timeout of 401 digits", ("X-Taskfleet-Timeout-Ms", "9" * 401)),
+        ("timeout with a sign", ("X-Taskfleet-Timeout-Ms", "+5")),
+        ("priority of 401 digits", ("X-Taskfleet-Priority", "9" * 401)),
+        ("min epoch negative", ("X-Taskfleet-Min-Epoch", "-1")),
+        ("min epoch above int64", ("X-Taskfleet-Min-Epoch", str(2**63))),
     ]:
         bad.append(BadInput(family, name, ok, 400, "BAD_REQUEST", headers=(header,)))
     for media in ("text/plain", "application/xml", "multipart/form-data"):
