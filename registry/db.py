@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from registry.errors import DatabaseError
@@ -97,12 +97,27 @@ def alembic_config(engine: Engine) -> Any:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    import migrations
+
+    if revision == "head" and _stored_revision(engine) == migrations.newest_revision():
+        return  # current already: every CLI command opens the registry, few need Alembic
     from alembic import command
 
     try:
         command.upgrade(alembic_config(engine), revision)
     except SAOperationalError as exc:
         raise DatabaseError(f"cannot reach database: {exc.orig}") from None
+
+
+def _stored_revision(engine: Engine) -> str | None:
+    """The revision in `alembic_version`, read with plain SQL; None when there is none yet or
+    the database cannot be read (the full upgrade then says why)."""
+    try:
+        with engine.connect() as conn:
+            value = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+    except DBAPIError:
+        return None
+    return None if value is None else str(value)
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:

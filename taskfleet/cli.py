@@ -1,8 +1,13 @@
-"""The `taskfleet` command line: one Typer app, one sub-app per area."""
+"""The `taskfleet` command line: one Typer app, one sub-app per area.
+
+`--help` and the registry's own commands answer in a fraction of a second because the
+`cli_*` modules import nothing heavy at module level: torch, mteb, MLflow, scikit-learn,
+NATS and the like are imported inside the commands that use them
+(`tests/test_cli_imports.py` holds that line).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -47,8 +52,6 @@ app.command("serve")(serve)
 app.command("gateway")(gateway)
 app.command("call")(call)
 app.command("worker")(worker)
-app.add_typer(placement_app, name="placement")
-app.add_typer(dlq_app, name="dlq")
 app.command("up")(up)
 app.command("promote")(promote)
 app.command("rollback")(rollback)
@@ -56,7 +59,6 @@ app.command("promotions")(promotions)
 app.command("placements", help="Desired vs reported placement epochs (same as `placement ls`).")(
     placement_ls
 )
-app.command("up")(up)
 
 
 def _version(value: bool) -> None:
@@ -122,21 +124,21 @@ def _global(
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    """Errors the user can act on: printed as one line, never as a traceback."""
-    errors: list[type[BaseException]] = [RegistryError]
-    try:
-        from serving.runtime.encoder import ModelLoadError
+    """Errors the user can act on: printed as one line, never as a traceback.
 
-        errors.append(ModelLoadError)
-    except ImportError:  # serving extras not installed
-        pass
+    Looked up in `sys.modules`, never imported: an error can only have been raised by a module
+    that is loaded, and the except clause in `main` is evaluated for every exception that
+    reaches it, SystemExit of a successful command included."""
+    errors: list[type[BaseException]] = [RegistryError]
     for module, name in (
+        ("serving.runtime.encoder", "ModelLoadError"),
         ("evals.errors", "EvalError"),
         ("finetune.errors", "FinetuneError"),
         ("serving.connection", "NatsOptionsError"),
     ):
-        with contextlib.suppress(ImportError, AttributeError):
-            errors.append(getattr(__import__(module, fromlist=[name]), name))
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            errors.append(getattr(loaded, name))
     return tuple(errors)
 
 

@@ -20,12 +20,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from evals.runner import EvalPaths
-from registry.entities import EvalRun
 from taskfleet.console import console, line, styled
 from taskfleet.context import get_settings, open_registry
 
 if TYPE_CHECKING:
+    from evals.runner import EvalPaths
+    from registry.entities import EvalRun
     from serving.runtime.remote import RuntimeTarget
 
 out = console()
@@ -39,6 +39,8 @@ _LABELS = {"passage": "corpus", "query": "queries"}
 
 
 def _paths(data_dir: Path | None, suite_path: Path | None, mlflow: bool) -> EvalPaths:
+    from evals.runner import EvalPaths
+
     settings = get_settings()
     return EvalPaths(
         cache_dir=settings.cache_dir,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -76,6 +75,8 @@ def call(
         markup=False,
         highlight=False,
     )
+    import numpy as np
+
     table = Table("#", "text", "norm", "first values")
     for i, (t, row) in enumerate(zip(text, vectors, strict=True)):
         shown = t if len(t) <= 40 else t[:37] + "..."
@@ -99,6 +100,8 @@ def _served(task: str, what: str, result: Any) -> None:
 
 def _print_scores(task: str, documents: list[str], scores: Any) -> None:
     _served(task, f"{len(documents)} scores", scores)
+    import numpy as np
+
     table = Table("rank", "#", "document", "score")
     order = np.argsort(-scores.scores, kind="stable")
     for rank, i in enumerate(order, start=1):
@@ -108,6 +111,8 @@ def _print_scores(task: str, documents: list[str], scores: Any) -> None:
 
 def _print_labels(task: str, texts: list[str], result: Any) -> None:
     _served(task, f"{len(texts)} x {len(result.labels)} probabilities", result)
+    import numpy as np
+
     table = Table("#", "text", "label", "probability")
     for i, (t, row) in enumerate(zip(texts, result.probabilities, strict=True)):
         best = int(np.argmax(row))

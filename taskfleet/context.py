@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from taskfleet.settings import Settings
-
 if TYPE_CHECKING:
     from registry import Registry
+    from taskfleet.settings import Settings
 
 
 @dataclass
@@ -22,6 +21,8 @@ class CliState:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
+            from taskfleet.settings import Settings  # pydantic-settings: not for `--help`
+
             self._settings = Settings(**{k: v for k, v in self.overrides.items() if v is not None})
         return self._settings
 
