@@ -96,21 +96,21 @@ demo: $(STAMP) sidecar
 
 bench: $(STAMP) infinity test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
-	$(PY) benchmarks/runtimes.py
-	$(PY) benchmarks/eval_german_legal.py
-	$(PY) benchmarks/variants_german_legal.py
-	$(PY) benchmarks/lora_german_legal.py
-	$(PY) benchmarks/rerank_german_legal.py --preset floor --max-steps 120
-	$(PY) benchmarks/area_german_legal.py
-	$(PY) benchmarks/lora_memory.py --report
-	$(PY) benchmarks/serving_throughput.py
-	$(PY) benchmarks/peer.py --report --infinity-venv $(INFINITY_VENV)
-	$(PY) benchmarks/padding.py --report
-	$(PY) benchmarks/adapters_mixed.py --report
-	$(PY) benchmarks/reliability.py
-	$(VENV)/bin/pytest -q -m "bench or machines"
-	$(PY) benchmarks/knee.py --report
-	$(PY) benchmarks/scale_out.py
+	$(PY) -m benchmarks.runtimes
+	$(PY) -m benchmarks.leaderboard --task german-legal-retrieval
+	$(PY) -m benchmarks.variants_german_legal
+	$(PY) -m benchmarks.lora_german_legal
+	$(PY) -m benchmarks.leaderboard --task german-legal-rerank --preset floor --max-steps 120
+	$(PY) -m benchmarks.leaderboard --task german-legal-area
+	$(PY) -m benchmarks.lora_memory --report
+	$(PY) -m benchmarks.serving_throughput
+	$(PY) -m benchmarks.peer --report --infinity-venv $(INFINITY_VENV)
+	$(PY) -m benchmarks.padding --report
+	$(PY) -m benchmarks.adapters_mixed --report
+	$(PY) -m benchmarks.reliability
+	$(VENV)/bin/pytest -q -m bench
+	$(PY) -m benchmarks.knee --report
+	$(PY) -m benchmarks.scale_out
 
 clean:
 	rm -rf $(VENV) $(INFINITY_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

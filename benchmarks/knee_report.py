@@ -154,7 +154,7 @@ def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
         "the pull group serves the pull task, push worker i only its own task (so each worker "
         "holds one task and both modes run on identical workers). Each worker is a real sidecar "
         "+ PyTorch runtime with `OMP_NUM_THREADS=1`; worker 0 of each group emulates a device "
-        f"{f:g}x slower (benchmarks/_slow_runtime.py sleeps {f - 1:g}x the time of each call). "
+        f"{f:g}x slower (benchmarks/slow_runtime.py sleeps {f - 1:g}x the time of each call). "
         "Sidecar flags: "
         + (f"`{args.sidecar_args}`, else " if args.sidecar_args else "")
         + "the defaults (5 ms batch wait, 2 batches in flight, 32768-token batches).",

@@ -6,7 +6,7 @@ is the old plan (one pass padded to its longest text), 0.10 the default. Same te
 process, rounds alternating, against sentence-transformers' own `encode` (batch 32) over all
 texts. Writes reports/serving/padding.md with --report.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/padding.py --report
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.padding --report
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import (
+from benchmarks.common import (
     CORPUS,
     REPO,
     load_passages,
@@ -119,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-path", type=Path, default=REPORT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     shown = sys.argv[1:] if argv is None else argv
-    command = f"python benchmarks/padding.py {shlex.join(shown)}".rstrip()
+    command = f"python -m benchmarks.padding {shlex.join(shown)}".rstrip()
     text = render(args, measure(args), command)
     print(text)
     if args.report:

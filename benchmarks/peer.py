@@ -9,7 +9,7 @@ rounds alternating so that load from other processes hits every engine alike:
 Every reply's vectors are checked against in-process vectors (cosine); a wrong reply fails the
 run. Writes reports/serving/peer.md + peer.png with --report.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/peer.py --report \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.peer --report \\
         [--infinity-venv .venv-infinity] [--engines taskfleet,infinity-torch,infinity-optimum]
 
 infinity pins numpy<2 and sentence-transformers<4, so it runs from its own virtual environment
@@ -40,20 +40,15 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.peer_profile import (  # noqa: E402
+from benchmarks.common import REPO
+from benchmarks.peer_profile import (
     Probe,
     Usage,
     k1_limit,
     p50_limit,
     profile_table,
 )
-from benchmarks.serving_throughput import (  # noqa: E402
+from benchmarks.serving_throughput import (
     CORPUS,
     TASK,
     Measure,
@@ -285,7 +280,7 @@ def export_onnx(python: Path, model_path: Path, out: Path, max_seq_length: int) 
 def start_infinity(
     venv: Path, engine: str, model_path: Path, workdir: Path, max_seq_length: int
 ) -> Endpoint:
-    from tests.infinity_fixture import TORCH_ENGINE, InfinityServer
+    from testbed.infinity import TORCH_ENGINE, InfinityServer
 
     python = infinity_python(venv)
     engine_args: Sequence[str] = TORCH_ENGINE
@@ -608,7 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = f"python benchmarks/peer.py {shlex.join(sys.argv[1:] if argv is None else argv)}"
+    command = f"python -m benchmarks.peer {shlex.join(sys.argv[1:] if argv is None else argv)}"
     run = measure(args)
     if not run.results:
         print("error: no engine could be measured", file=sys.stderr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import cpu_seconds
+from benchmarks.common import cpu_seconds
 
 CLIENT = "client (openai, this process)"
 #: What each process of an engine is called in the report, by the module or program it runs.

@@ -5,10 +5,10 @@ hostile caller's section to reports/reliability/hostile.md (alone: ``--only-host
 
 Fleet: nats-server, registry (SQLite), gateway, publisher + watcher, two real sidecars each with
 a PyTorch runtime; loopback only. Every answer is compared with the in-process vector of that
-very text (tests/faults/reference.py). Models are random-initialised tiny BERTs built on the fly
+very text (testbed/faults/reference.py). Models are random-initialised tiny BERTs built on the fly
 (32 dims; 384 dims for the 2048-input limit) so the soak measures the fleet, not the model.
 
-    .venv/bin/python benchmarks/reliability.py [--calls 600] [--concurrency 32]
+    .venv/bin/python -m benchmarks.reliability [--calls 600] [--concurrency 32]
         [--hypothesis-profile bench] [--proptest-cases 20000] [--skip-fuzz] [--only-hostile]
 """
 
@@ -27,24 +27,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO
+from evals.report import machine_description
+from testbed.faults import scenarios as sc
+from testbed.faults.bad_inputs import catalogue, send_all
+from testbed.faults.injectors import runtime_pid
+from testbed.faults.reference import Reference
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.tiny_model import build_tiny_model
+
 REPORT_DIR = REPO / "reports" / "reliability"
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
-
-import httpx  # noqa: E402
-
-from evals.report import machine_description  # noqa: E402
-from tests.faults import scenarios as sc  # noqa: E402
-from tests.faults.bad_inputs import catalogue, send_all  # noqa: E402
-from tests.faults.injectors import runtime_pid  # noqa: E402
-from tests.faults.reference import Reference  # noqa: E402
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until  # noqa: E402
-from tests.nats_fixture import unique_task  # noqa: E402
-from tests.tiny_model import build_tiny_model  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -541,7 +536,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_description(),
         "load": {"calls": load.calls, "concurrency": load.concurrency},
-        "command": "  ".join([".venv/bin/python benchmarks/reliability.py", *sys.argv[1:]]).strip(),
+        "command": "  ".join([".venv/bin/python -m benchmarks.reliability", *sys.argv[1:]]).strip(),
     }
     with tempfile.TemporaryDirectory(prefix="tf-reliability-") as tmp:
         root = Path(tmp)

@@ -9,7 +9,7 @@ For each runtime, through the same socket protocol and client (what the sidecar 
 
 Writes reports/runtimes/README.md. Reproduce (needs `make sidecar-candle infinity`):
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/runtimes.py
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.runtimes
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from serving import protocol as p  # noqa: E402
-from serving.runtime.remote import RuntimeTarget, SocketClient  # noqa: E402
-from taskfleet.stack import check_sidecar_runtimes, find_sidecar_binary  # noqa: E402
-from tests.infinity_fixture import INFINITY_VENV, InfinityServer  # noqa: E402
-from tests.test_runtime_candle import gerlayqa_passages as passages  # noqa: E402
+from benchmarks.common import REPO
+from serving import protocol as p
+from serving.runtime.remote import RuntimeTarget, SocketClient
+from taskfleet.stack import check_sidecar_runtimes, find_sidecar_binary
+from testbed.gerlayqa import gerlayqa_passages as passages
+from testbed.infinity import INFINITY_VENV, InfinityServer
 
 CHUNK = 64
 
@@ -188,11 +185,11 @@ def score(model: Path, target: RuntimeTarget, sample: int | None, cache_dir: Pat
     from evals.cache import EmbeddingCache
     from evals.harness import evaluate
     from evals.retrievers import DenseRetriever
-    from evals.suites import get_suite
+    from evals.suites import builtin_spec
     from registry.fingerprint import tree_sha256
     from serving.runtime.encoder import ModelSpec
 
-    suite = get_suite("german-legal-retrieval")
+    suite = builtin_spec("german-legal-retrieval")
     cache = EmbeddingCache.in_dir(cache_dir)
     retriever = DenseRetriever(
         ModelSpec(base_path=model),
@@ -202,7 +199,7 @@ def score(model: Path, target: RuntimeTarget, sample: int | None, cache_dir: Pat
         runtime=target,
     )
     try:
-        result = evaluate(suite, suite.test_splits[0], retriever, sample=sample)
+        result = evaluate(suite, suite.test_split, retriever, sample=sample)
     finally:
         retriever.close()
         cache.close()

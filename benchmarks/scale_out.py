@@ -1,5 +1,5 @@
 """Scale-out on "three machines": every role its own process, started by the `taskfleet` CLI,
-each with its own home and cache (tests/machines.py): 3 clustered nats-server nodes, PostgreSQL,
+each with its own home and cache (testbed/machines.py): 3 clustered nats-server nodes, PostgreSQL,
 the control plane (`taskfleet serve`), 2 gateways (`taskfleet gateway`) and 3 workers
 (`taskfleet worker`). Writes reports/scale-out/README.md and results.json.
 
@@ -13,7 +13,7 @@ the control plane (`taskfleet serve`), 2 gateways (`taskfleet gateway`) and 3 wo
 4. Scaling: the same offered load on 1, 2 and 3 workers (runtimes at one thread), then the CPU
    time per request of each process on a tiny model: gateway, each NATS node, sidecar, runtime.
 
-    .venv/bin/python benchmarks/scale_out.py [--phase-s 20] [--concurrency 8]
+    .venv/bin/python -m benchmarks.scale_out [--phase-s 20] [--concurrency 8]
         [--pg-down-s 30] [--scaling-s 30] [--skip-scaling] [--report-path PATH]
 
 Exit status 1 when a promise broke (a lost, wrong or duplicated answer, an epoch going back,
@@ -34,18 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import REPO, cpu_seconds
+from benchmarks.common import REPO, cpu_seconds
 from evals.report import machine_description
 from serving.placements import model_key
-from tests.faults.counting import Call, CountingClient, Tally
-from tests.faults.reference import Reference
-from tests.faults.scenarios import sentence
-from tests.fleet_fixture import register_test_adapter, stable, wait_until
-from tests.machines import Machines
-from tests.suite_fixture import add_task
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.declared_tasks import add_task
+from testbed.faults.counting import Call, CountingClient, Tally
+from testbed.faults.reference import Reference
+from testbed.faults.scenarios import sentence
+from testbed.fleet import register_test_adapter, stable, wait_until
+from testbed.machines import Machines
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 REPORT_DIR = REPO / "reports" / "scale-out"
 
@@ -592,7 +590,7 @@ def idle_cores(machines: Machines, seconds: float) -> dict[str, float]:
 
 def process_table(machines: Machines) -> dict[str, int]:
     """Every process of the fleet by role: gateway, NATS nodes, sidecars and their runtimes."""
-    from tests.faults.injectors import children_of
+    from testbed.faults.injectors import children_of
 
     pids = {f"gateway-{i}": g.pid for i, g in enumerate(machines.gateways)}
     for i, node in enumerate(machines.nats.nodes):
@@ -621,10 +619,10 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         f"Measured {results['date']} on {results['machine']} (shared with other work: timings "
         "are noisy).",
         "",
-        "Every role runs as its own OS process started by the `taskfleet` CLI, with its own home, "
-        "working directory and cache, nothing shared on disk (`tests/machines.py`): 3 nats-server "
-        "nodes clustered by routes (streams, KV and object store at R3), PostgreSQL (its own "
-        "cluster on a free port), the control plane `taskfleet serve`, 2 `taskfleet gateway` "
+        "Every role runs as its own OS process started by the `taskfleet` CLI, with its own home,"
+        " working directory and cache, nothing shared on disk (`testbed/machines.py`): 3 nats-"
+        "server nodes clustered by routes (streams, KV and object store at R3), PostgreSQL (its "
+        "own cluster on a free port), the control plane `taskfleet serve`, 2 `taskfleet gateway` "
         "and 3 `taskfleet worker` (sidecar + PyTorch runtime). Workers get models and adapters "
         "only through the NATS object store, verified by sha256. Promotions go through the "
         "control plane's REST API with an admin key; calls carry a caller key that the gateways "
@@ -882,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_description(),
         "load": {"clients": 2, "concurrency": args.concurrency},
-        "command": " ".join([".venv/bin/python benchmarks/scale_out.py", *(argv or sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python -m benchmarks.scale_out", *(argv or sys.argv[1:])]),
     }
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tf-scale-") as tmp:

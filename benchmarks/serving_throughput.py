@@ -5,7 +5,7 @@ runtime), called over HTTP by many concurrent clients. In-process = sentence-tra
 `encode` on the same passages in this process. Same machine, same run, same texts (GerLayQA
 corpus passages, BGB paragraphs, median ~430 characters). Writes reports/serving/throughput.md.
 
-    .venv/bin/python benchmarks/serving_throughput.py [--passages 512] [--concurrency 32]
+    .venv/bin/python -m benchmarks.serving_throughput [--passages 512] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 # Also imported from here by benchmarks/peer.py.
-from benchmarks._common import (
+from benchmarks.common import (
     CORPUS,
     REPO,
     load_passages,
@@ -220,7 +218,7 @@ def main() -> int:
 
     model_path = packaged_model()
     texts = load_passages(CORPUS, args.passages, args.seed)
-    command = f"python benchmarks/serving_throughput.py {shlex.join(sys.argv[1:])}".rstrip()
+    command = f"python -m benchmarks.serving_throughput {shlex.join(sys.argv[1:])}".rstrip()
     locals_: list[Measure] = []
     stacks: list[Measure] = []
     loads: list[float] = []

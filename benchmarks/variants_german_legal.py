@@ -7,35 +7,49 @@ real harness, makes the torch source the champion, and asks the promotion rule a
 variant (a build of the champion's model may replace it when its nDCG@10 is no worse than the
 task's margin). Writes reports/german-legal-retrieval/variants.md.
 
-    .venv/bin/python benchmarks/variants_german_legal.py [--margin 0.002] [--sample N]
+    .venv/bin/python -m benchmarks.variants_german_legal [--margin 0.002] [--sample N]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from benchmarks.common import REPO
+from benchmarks.kinds_bench import MODEL_PACKAGE
+from evals.report import machine_description
+from evals.runner import EvalPaths, run_eval
+from registry import Registry
+from registry.entities import EvalRun
+from taskfleet.variants import build_variant
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.eval_german_legal import MODEL_PACKAGE, TASK, _timed  # noqa: E402
-from evals.report import machine_description  # noqa: E402
-from evals.runner import EvalPaths, run_eval  # noqa: E402
-from registry import Registry  # noqa: E402
-from taskfleet.variants import build_variant  # noqa: E402
-
+TASK = "german-legal-retrieval"
 VARIANTS = ("onnx", "onnx-int8")
 HEADER = (
     "| candidate | build | sha256 | size MB | nDCG@10 [95% CI] | recall@100 "
     "| promotion rule vs the torch champion (margin {margin:g}) |"
 )
+
+
+def timed(label: str, fn: Callable[[], EvalRun]) -> tuple[EvalRun, float]:
+    started = time.perf_counter()
+    run = fn()
+    seconds = time.perf_counter() - started
+    ci = run.ci[run.main_metric]
+    print(
+        f"{label:<22} {run.main_metric}={run.main_score:.4f} [{ci[0]:.4f}, {ci[1]:.4f}] "
+        f"mrr_at_10={run.metrics['mrr_at_10']:.4f} "
+        f"recall_at_100={run.metrics['recall_at_100']:.4f} "
+        f"items/s={run.cost.get('items_per_s', 0):.1f} wall={seconds:.1f}s",
+        flush=True,
+    )
+    return run, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = ["minilm", *(f"minilm-{v}" for v in args.variants)]
     runs = {
-        name: _timed(name, lambda n=name: run_eval(reg, TASK, n, paths, sample=args.sample))
+        name: timed(name, functools.partial(run_eval, reg, TASK, name, paths, sample=args.sample))
         for name in names
     }
     if reg.champion(TASK) is None:
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     torch_run = runs["minilm"][0]
     scope = f"first {args.sample} eval queries" if args.sample else "all eval queries"
-    command = "python benchmarks/variants_german_legal.py" + (
+    command = "python -m benchmarks.variants_german_legal" + (
         f" --sample {args.sample}" if args.sample else ""
     )
     if args.margin != 0.002:

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from registry import Registry
-from tests.pg import PostgresServer
+from testbed.postgres import PostgresServer
 
 # Property tests: no per-example deadline (the machine is shared and noisy); `make bench` runs
 # the long profile. Function-scoped fixtures are fine: the tests use module-scoped parts.
@@ -34,7 +34,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
 _db_counter = itertools.count()
 
 
@@ -95,6 +94,6 @@ def minilm_path() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny_model import build_tiny_model
+    from testbed.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -46,8 +46,8 @@ from serving.protocol import (
     pack,
     unpack,
 )
+from testbed.declared_tasks import add_task
 from tests.nats_fixture import running_nats
-from tests.suite_fixture import add_task
 
 T = TypeVar("T")
 DIMS = 4

@@ -9,15 +9,14 @@ Plain functions and a context manager, so conftest.py can wire a session fixture
         with running_nats(tmp_path_factory.mktemp("nats")) as server:
             yield server
 
-Tests that share one server keep apart by task name (each test uses its own tasks) or call
-:func:`reset_jetstream` to start from an empty layout.
+Tests that share one server keep apart by task name (each test uses its own tasks:
+`testbed.fleet.unique_task`) or call :func:`reset_jetstream` to start from an empty layout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,11 +48,6 @@ def running_nats(store_dir: Path) -> Iterator[EmbeddedNats]:
         yield server
     finally:
         server.stop()
-
-
-def unique_task(prefix: str = "t") -> str:
-    """A task name no other test on the shared server uses (valid as a subject token)."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 async def _reset(url: str) -> None:

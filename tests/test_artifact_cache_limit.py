@@ -9,9 +9,8 @@ from pathlib import Path
 import httpx
 
 from registry.fingerprint import tree_sha256
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
-from tests.tiny_model import build_tiny_model
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.tiny_model import build_tiny_model
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
 

@@ -13,9 +13,8 @@ import nats
 
 from serving.artifacts import build_manifest, file_object, manifest_object, upload
 from serving.nats_layout import ensure_layout
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 TEXTS = ["Der Mieter kündigt.", "Wer haftet?"]
 

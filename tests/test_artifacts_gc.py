@@ -19,10 +19,10 @@ from serving.artifacts import (
     upload,
 )
 from serving.nats_layout import ensure_layout
+from testbed.declared_tasks import add_task
+from testbed.tiny_model import build_tiny_model
 from tests.nats_fixture import running_nats
-from tests.suite_fixture import add_task
 from tests.test_cli_fleet import run_cli
-from tests.tiny_model import build_tiny_model
 
 
 async def _with_bucket(url: str, action):  # type: ignore[no-untyped-def]

@@ -24,10 +24,10 @@ from nats.js.errors import NotFoundError
 
 from serving.artifacts import manifest_object
 from serving.artifacts_s3 import ArtifactSourceError, S3Location, check_source
+from serving.embedded_nats import free_port
 from serving.nats_layout import ensure_layout
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 boto3 = pytest.importorskip("boto3")
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
@@ -45,17 +45,11 @@ class S3Server:
     secret_access_key: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     if not MOTO_SERVER.exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(SETUP_REQUESTS)}
     with log.open("wb") as out:

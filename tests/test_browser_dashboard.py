@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -27,10 +26,11 @@ from sqlalchemy import select
 from registry import Registry
 from registry.api import create_app
 from registry.models import CandidateRow, PlacementRow, TaskRow
+from serving.embedded_nats import free_port
 from serving.httpserver import allowed_hosts, http_config
+from testbed.declared_tasks import add_task
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
-from tests.suite_fixture import add_task
 from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, WEAK, report, seed_fleet
 
 CHROMIUM = "/usr/bin/chromium"
@@ -46,12 +46,6 @@ if shutil.which(CHROMIUM) is None:  # a missing browser is a set-up failure, not
     raise RuntimeError(f"needs Debian's chromium at {CHROMIUM}: run `make sysdeps`")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def control_plane(tmp_path: Path) -> Iterator[tuple[str, Registry]]:
     reg = Registry.open(
@@ -59,7 +53,7 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[str, Registry]]:
     )
     seed_fleet(reg, tmp_path)
     report(reg, "gpu-worker-1", epoch=1, queue=4)
-    port = _free_port()
+    port = free_port()
     # Served as `taskfleet serve` serves it: its uvicorn config, the Host names it answers to.
     app = create_app(reg, allowed_hosts=allowed_hosts(None, "127.0.0.1"))
     server = uvicorn.Server(http_config(app, "127.0.0.1", port, "warning"))

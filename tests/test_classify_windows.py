@@ -22,8 +22,8 @@ from serving.runtime.encoder import ModelSpec, load_sentence_transformer
 from serving.runtime.heads import HeadError, read_spec
 from serving.runtime.pool import ClassifyWork, ModelPool
 from serving.runtime.windows import TextWindows, WindowError, window_starts
+from testbed.tiny_model import build_tiny_head
 from tests.kinds_fixture import build_classification
-from tests.tiny_model import build_tiny_head
 
 LONG = (
     "der mieter will die kaution zurück und der vermieter sagt nein weil die wohnung einen "

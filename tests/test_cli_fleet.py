@@ -10,7 +10,7 @@ from pathlib import Path
 
 from registry import Registry
 from serving.embedded_nats import free_port
-from tests.suite_fixture import add_task
+from testbed.declared_tasks import add_task
 
 REPO = Path(__file__).resolve().parent.parent
 

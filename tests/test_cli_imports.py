@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from registry import Registry
-from tests.suite_fixture import add_task
+from testbed.declared_tasks import add_task
 
 # Top-level packages no registry-only command needs: the model stack, the eval harness, the
 # trainer's tracking, plotting, the serving stack, and Alembic once the schema is current.

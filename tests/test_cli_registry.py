@@ -103,8 +103,8 @@ def test_cli_prints_user_strings_as_text(tmp_path: Path) -> None:
     from registry.entities import WorkerReport
     from taskfleet.cli import app
     from taskfleet.context import state
+    from testbed.declared_tasks import declare_suite
     from tests.evalrun_fixture import record_run
-    from tests.suite_fixture import declare_suite
     from tests.test_registry import make_model_dir, training
 
     home = tmp_path / "home"

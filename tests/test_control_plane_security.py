@@ -36,11 +36,11 @@ from registry.fingerprint import tree_sha256
 from registry.models import CandidateRow, PlacementRow, TaskRow
 from registry.throttle import LoginThrottle, RateLimited
 from serving.artifacts import build_manifest
+from serving.embedded_nats import free_port
 from serving.httpserver import BindRefused, allowed_hosts, check_bind, http_config
+from testbed.declared_tasks import add_task, declare_suite
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
-from tests.pg import free_port
-from tests.suite_fixture import add_task, declare_suite
 from tests.test_dashboard_pages import (
     CHALLENGER,
     CHAMPION,

@@ -21,8 +21,8 @@ from registry.access import ControlPlane
 from registry.api import create_app
 from registry.dashboard import mount_dashboard
 from registry.entities import WorkerReport
+from testbed.declared_tasks import add_task
 from tests.evalrun_fixture import record_run
-from tests.suite_fixture import add_task
 from tests.test_registry import make_adapter_dir, make_model_dir, training
 
 TASK = "legal"

@@ -21,9 +21,9 @@ import pytest
 import typer
 import yaml
 
+from serving.embedded_nats import free_port
 from taskfleet.cli import app
-from tests.fleet_fixture import wait_until
-from tests.pg import free_port
+from testbed.fleet import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

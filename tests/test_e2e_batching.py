@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from serving.client import Client
-from tests.faults.scenarios import serve
-from tests.fleet_fixture import LocalFleet
+from testbed.faults.scenarios import serve
+from testbed.fleet import LocalFleet
 from tests.test_fleet_metrics import value
 
 #: Far above the time a tiny model needs for one text, even on a loaded machine.

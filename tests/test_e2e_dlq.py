@@ -20,8 +20,7 @@ import pytest
 from serving.artifacts import build_manifest, file_object
 from serving.client import Client, TaskfleetError
 from serving.nats_layout import ensure_layout
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 

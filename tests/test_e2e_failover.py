@@ -16,9 +16,8 @@ from nats.js.api import ConsumerInfo
 
 from serving.client import AsyncClient, Client, TaskfleetError
 from serving.nats_layout import TASKS_STREAM, consumer_name
-from tests.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
+from testbed.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
 
 
 @pytest.fixture

@@ -25,10 +25,10 @@ from registry import Registry
 from registry.entities import TrainingRecord
 from serving.client import Client
 from serving.runtime.encoder import ModelSpec
+from testbed.fleet import free_port, wait_until
+from testbed.tiny_model import build_tiny_adapter, build_tiny_head, build_tiny_model
 from tests.beir_fixture import build_beir
-from tests.fleet_fixture import free_port, wait_until
 from tests.kinds_fixture import build_classification, build_rerank
-from tests.tiny_model import build_tiny_adapter, build_tiny_head, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 QUERY = "der vermieter will die kaution nicht zurückzahlen"

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from serving.client import Client
+from testbed.declared_tasks import add_task
+from testbed.fleet import LocalFleet, unique_task, wait_until
+from testbed.tiny_model import build_tiny_model
 from tests.evalrun_fixture import record_run
-from tests.fleet_fixture import LocalFleet, wait_until
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import add_task
-from tests.tiny_model import build_tiny_model
 
 TEXT = "Der Vermieter behält die Kaution."
 

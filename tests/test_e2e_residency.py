@@ -11,9 +11,8 @@ import pytest
 
 from serving.client import Client
 from serving.placements import model_key
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
-from tests.tiny_model import build_tiny_model
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.tiny_model import build_tiny_model
 
 
 def _loaded_bytes(path: Path) -> int:

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 from serving.client import Client
+from testbed.declared_tasks import add_task
+from testbed.fleet import LocalFleet, free_port, unique_task, wait_until
 from tests.evalrun_fixture import record_run
-from tests.fleet_fixture import LocalFleet, free_port, wait_until
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import add_task
 from tests.test_runtime_candle import TEXTS, sentence_transformers
 
 

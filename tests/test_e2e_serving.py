@@ -11,9 +11,8 @@ import pytest
 
 from serving.client import Client
 from taskfleet.variants import build_variant
-from tests.fleet_fixture import LocalFleet, register_served_task
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import add_task
+from testbed.declared_tasks import add_task
+from testbed.fleet import LocalFleet, register_served_task, unique_task
 
 TEXTS = [
     "Der Mieter muss die Kündigung schriftlich erklären.",

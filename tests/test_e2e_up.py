@@ -18,9 +18,8 @@ import pytest
 
 from registry import Registry
 from serving.client import Client
-from tests.fleet_fixture import free_port, wait_until
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import add_task
+from testbed.declared_tasks import add_task
+from testbed.fleet import free_port, unique_task, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 

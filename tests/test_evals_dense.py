@@ -13,8 +13,8 @@ from evals.mteb_task import evaluate_with_mteb
 from evals.retrievers import DenseRetriever
 from evals.suites import beir_suite
 from serving.runtime.encoder import ModelLoadError, ModelSpec
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 from tests.beir_fixture import build_beir
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from evals.runner import EvalPaths, compare, leaderboard, run_eval
 from evals.suites import declare
 from registry import Registry
 from registry.entities import TrainingRecord
+from testbed.tiny_model import build_tiny_adapter
 from tests.beir_fixture import build_beir
-from tests.tiny_model import build_tiny_adapter
 
 TASK = "legal"
 SUITE = "legal-suite"  # a user-declared suite over the fixture folder

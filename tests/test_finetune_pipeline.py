@@ -19,8 +19,8 @@ from finetune.trainer import StepReport
 from registry import AlreadyExists, LineageError, Registry
 from registry.fingerprint import file_sha256, tree_sha256
 from serving.runtime.encoder import Encoder, ModelSpec
+from testbed.tiny_model import build_tiny_model
 from tests.beir_fixture import build_beir
-from tests.tiny_model import build_tiny_model
 
 TASK = "tiny-legal-retrieval"
 SUITE = "tiny-legal"

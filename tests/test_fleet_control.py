@@ -26,9 +26,9 @@ from serving.placements import (
     publish_pending,
     put_placement,
 )
-from tests.fleet_fixture import eventually, register_served_task
-from tests.nats_fixture import running_nats, unique_task
-from tests.tiny_model import build_tiny_adapter
+from testbed.fleet import eventually, register_served_task, unique_task
+from testbed.tiny_model import build_tiny_adapter
+from tests.nats_fixture import running_nats
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from serving.client import Client
-from tests.faults.scenarios import serve
-from tests.fleet_fixture import LocalFleet, wait_until
+from testbed.faults.scenarios import serve
+from testbed.fleet import LocalFleet, wait_until
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "taskfleet.json"
 SUFFIXES = ("_bucket", "_sum", "_count", "_created")

@@ -31,6 +31,7 @@ from serving.directory import KEY_PREFIX, META_KEY, TASK_PREFIX, publish_directo
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
 from serving.placements import PlacementPublisher
+from testbed.declared_tasks import add_task, declare_suite
 from tests.gateway_fixture import (
     BackgroundLoop,
     Stack,
@@ -41,7 +42,6 @@ from tests.gateway_fixture import (
     wait_ready,
 )
 from tests.nats_fixture import running_nats
-from tests.suite_fixture import add_task, declare_suite
 
 REPO = Path(__file__).resolve().parent.parent
 

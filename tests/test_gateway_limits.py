@@ -21,9 +21,9 @@ from httpapi.errors import MAX_MESSAGE_CHARS
 from registry.limits import DEFAULT_MAX_TEXT_CHARS
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
+from testbed.declared_tasks import add_task, declare_suite
 from tests.gateway_fixture import Stack, gateway_stack, stream_messages
 from tests.nats_fixture import running_nats
-from tests.suite_fixture import add_task, declare_suite
 
 MSGPACK = {"Content-Type": "application/msgpack"}
 MAX_BODY = 2 * 1024 * 1024

@@ -26,6 +26,7 @@ from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from serving.nats_layout import ensure_layout
 from serving.placements import PlacementPublisher, decode_placement
+from testbed.postgres import PostgresServer
 from tests.gateway_fixture import (
     BackgroundLoop,
     Stack,
@@ -37,7 +38,6 @@ from tests.gateway_fixture import (
     wait_ready,
 )
 from tests.nats_fixture import running_nats
-from tests.pg import PostgresServer
 
 # Seconds a registry call waits for a locked SQLite file before it gives up.
 BUSY_TIMEOUT_S = 1

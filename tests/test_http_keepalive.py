@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from serving.embedded_nats import free_port
 from serving.httpserver import KEEP_ALIVE_S
-from tests.fleet_fixture import wait_until
-from tests.pg import free_port
+from testbed.fleet import wait_until
 
 
 def _get(sock: socket.socket, path: str) -> bytes:

@@ -17,7 +17,7 @@ from registry.limits import (
     MAX_TEXT_LIMIT_CHARS,
 )
 from serving.directory import KeyRecord, TaskRecord, desired_entries
-from tests.suite_fixture import add_task, declare_suite
+from testbed.declared_tasks import add_task, declare_suite
 from tests.test_cli_registry import run_cli
 
 

@@ -1,4 +1,4 @@
-"""Roles as separate processes (tests/machines.py, the harness of benchmarks/scale_out.py): 3
+"""Roles as separate processes (testbed/machines.py, the harness of benchmarks/scale_out.py): 3
 NATS nodes, the control plane as `taskfleet serve` on PostgreSQL, a `taskfleet gateway` and a
 `taskfleet worker` with its own cache. With PostgreSQL stopped the gateway keeps answering and a
 promotion through the control plane's REST API fails with 503 DATABASE_ERROR, retryable; once
@@ -14,14 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fleet_fixture import wait_until
-from tests.machines import Machines
-from tests.suite_fixture import add_task
-from tests.tiny_model import build_tiny_model
+from testbed.declared_tasks import add_task
+from testbed.fleet import wait_until
+from testbed.machines import Machines
+from testbed.tiny_model import build_tiny_model
 
 # A dozen processes, 1-2 minutes: run by `make bench` (make test has the in-process smoke,
 # tests/test_scale_out.py).
-pytestmark = [pytest.mark.slow, pytest.mark.machines]
+pytestmark = [pytest.mark.slow, pytest.mark.bench]  # ~1-2 min: make bench
 
 
 def _call(machines: Machines, text: str) -> httpx.Response:

@@ -17,7 +17,7 @@ import pytest
 
 from serving.runtime.encoder import ModelSpec
 from serving.runtime.pool import EncodeItem, ModelPool
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 TEXTS = [
     "Wer haftet für den Schaden?",

@@ -12,8 +12,8 @@ from registry import Conflict, InvalidInput, Registry
 from registry.entities import TrainingRecord
 from registry.promotion_rule import RUNTIME_TOLERANCE
 from registry.promotions import PromotionRequired, PromotionRuleNotMet
+from testbed.declared_tasks import add_task, declare_suite
 from tests.evalrun_fixture import record_run as record
-from tests.suite_fixture import add_task, declare_suite
 from tests.test_registry import make_model_dir
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from registry import AlreadyExists, ArtifactError, InvalidInput, LineageError, NotFound, Registry
 from registry.entities import EvalRunCreate, TrainingRecord
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow
-from tests.suite_fixture import add_task, fake_fingerprint
+from testbed.declared_tasks import add_task, fake_fingerprint
 
 
 def make_model_dir(root: Path, payload: bytes = b"weights") -> Path:

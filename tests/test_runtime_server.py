@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from serving import protocol as p
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = ["Was regelt die Kündigungsfrist im Mietvertrag?", "Haftung für Schaden", "der vermieter"]
@@ -442,7 +442,7 @@ def head_reference(base: Path, adapter: Path) -> tuple[Any, np.ndarray, np.ndarr
 def test_score_and_classify_match_an_independent_computation(server: Path, tmp_path: Path) -> None:
     import torch
 
-    from tests.tiny_model import build_tiny_head
+    from testbed.tiny_model import build_tiny_head
 
     base = build_tiny_model(tmp_path / "heads-base", seed=5)
     cross = build_tiny_head(base, tmp_path / "cross", kind="score", seed=6)

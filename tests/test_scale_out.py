@@ -14,16 +14,16 @@ import httpx
 import pytest
 
 from serving.client import Client
-from tests.fleet_fixture import (
+from testbed.declared_tasks import add_task
+from testbed.fleet import (
     LocalFleet,
     register_served_task,
     register_test_adapter,
     stable,
+    unique_task,
     wait_until,
 )
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import add_task
-from tests.tiny_model import build_tiny_adapter, build_tiny_model
+from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 SIDECAR_ARGS = [
     "--heartbeat-ms", "300",

@@ -16,9 +16,9 @@ from registry import InvalidInput, NotFound, Registry
 from registry.api import create_app
 from registry.entities import EvalRunCreate
 from taskfleet.suites import rest_suite_reader
+from testbed.declared_tasks import declare_suite, fake_fingerprint
 from tests.beir_fixture import build_beir
 from tests.evalrun_fixture import QUERIES, record_run
-from tests.suite_fixture import declare_suite, fake_fingerprint
 from tests.test_registry import make_model_dir
 
 

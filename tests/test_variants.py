@@ -20,10 +20,10 @@ from registry import InvalidInput, Registry
 from registry.fingerprint import tree_sha256
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.variants import build_variant
+from testbed.declared_tasks import add_task
+from testbed.tiny_model import build_tiny_head
 from tests.evalrun_fixture import record_run
-from tests.suite_fixture import add_task
 from tests.test_cli_registry import run_cli
-from tests.tiny_model import build_tiny_head
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "legal"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_model import build_tiny_model
+from testbed.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")

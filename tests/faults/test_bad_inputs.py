@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from serving.gateway import GatewaySettings
-from tests.faults.bad_inputs import catalogue, send_all, total
+from testbed.faults.bad_inputs import catalogue, send_all, total
 from tests.gateway_fixture import Stack, nats_and_gateway
 
 

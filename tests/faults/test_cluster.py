@@ -14,9 +14,9 @@ import nats
 import pytest
 
 from serving import nats_layout
-from tests.faults import scenarios as sc
-from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet
+from testbed.faults import scenarios as sc
+from testbed.faults.reference import Reference
+from testbed.fleet import LocalFleet
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
 LOAD = sc.Load(calls=90, concurrency=12)
@@ -76,7 +76,7 @@ def test_a_sidecar_that_starts_first_creates_its_buckets_at_r3(tmp_path: Path) -
     """The Rust side counts the cluster's nodes as the Python side does."""
     from serving.embedded_nats import EmbeddedNatsCluster
     from taskfleet.stack import SidecarProcess, find_sidecar_binary
-    from tests.fleet_fixture import wait_until
+    from testbed.fleet import wait_until
 
     cluster = EmbeddedNatsCluster(tmp_path / "nats", 3).start()
     sidecar = SidecarProcess(

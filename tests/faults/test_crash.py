@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.counting import Call, CountingClient, Tally
-from tests.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
-from tests.faults.reference import Reference
-from tests.faults.scenarios import serve
-from tests.fleet_fixture import LocalFleet, wait_until
+from testbed.faults.counting import Call, CountingClient, Tally
+from testbed.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
+from testbed.faults.reference import Reference
+from testbed.faults.scenarios import serve
+from testbed.fleet import LocalFleet, wait_until
 
 # The shipped ack_wait and deadline: only the heartbeat and batching are quicker than default.
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]

@@ -18,8 +18,7 @@ import pytest
 
 from serving import nats_layout
 from serving.protocol import QueuePayload, ReplyError, ReplyOk, from_wire, pack, unpack
-from tests.fleet_fixture import LocalFleet, register_served_task
-from tests.nats_fixture import unique_task
+from testbed.fleet import LocalFleet, register_served_task, unique_task
 from tests.test_fleet_metrics import value
 
 SIDECAR_ARGS = [

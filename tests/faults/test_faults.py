@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import scenarios as sc
-from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet, register_served_task
-from tests.nats_fixture import unique_task
-from tests.tiny_model import build_tiny_model
+from testbed.faults import scenarios as sc
+from testbed.faults.reference import Reference
+from testbed.fleet import LocalFleet, register_served_task, unique_task
+from testbed.tiny_model import build_tiny_model
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
 LOAD = sc.Load(calls=90, concurrency=12)

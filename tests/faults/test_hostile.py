@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import scenarios as sc
-from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet, wait_until
+from testbed.faults import scenarios as sc
+from testbed.faults.reference import Reference
+from testbed.fleet import LocalFleet, wait_until
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
 LOAD = sc.Load(calls=120, concurrency=3, protocols=("msgpack",), timeout_ms=20_000)

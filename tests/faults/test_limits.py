@@ -19,13 +19,12 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from serving import nats_layout
-from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol
-from tests.faults.reference import Reference
-from tests.faults.scenarios import serve
-from tests.fleet_fixture import LocalFleet, register_served_task
-from tests.nats_fixture import unique_task
-from tests.suite_fixture import declare_suite
-from tests.tiny_model import build_tiny_head, build_tiny_model
+from testbed.declared_tasks import declare_suite
+from testbed.faults.counting import PROTOCOLS, Call, CountingClient, Protocol
+from testbed.faults.reference import Reference
+from testbed.faults.scenarios import serve
+from testbed.fleet import LocalFleet, register_served_task, unique_task
+from testbed.tiny_model import build_tiny_head, build_tiny_model
 
 LIMIT = 2048
 # Generous: on a shared 2-core machine one 2048-text batch can take tens of seconds.

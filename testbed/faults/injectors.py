@@ -1,4 +1,4 @@
-"""The faults, each a plain function on a :class:`tests.fleet_fixture.LocalFleet`.
+"""The faults, each a plain function on a :class:`testbed.fleet.LocalFleet`.
 
 Every injector records when the fault began and ended (``Window``), so a run can report the
 latency of the calls made during it. Processes are found through ``/proc`` by parent id, never
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from serving.embedded_nats import EmbeddedNatsCluster
 from taskfleet.stack import SidecarProcess
-from tests.fleet_fixture import LocalFleet, wait_until
+from testbed.fleet import LocalFleet, wait_until
 
 
 @dataclass

@@ -2,7 +2,7 @@
 `taskfleet` CLI, each with its own home, working directory and cache, nothing shared on disk.
 
 - 3 nats-server nodes clustered by routes (streams, KV, object store at R3);
-- PostgreSQL (Debian's package, its own cluster on a free port: ``tests/pg.py``);
+- PostgreSQL (Debian's package, its own cluster on a free port: ``testbed/postgres.py``);
 - the control plane: ``taskfleet serve`` (REST API + dashboard + publisher + fleet watcher);
 - gateways: ``taskfleet gateway`` (NATS only, API keys from the published directory);
 - workers: ``taskfleet worker`` (sidecar + PyTorch runtime; NATS and its own cache dir only:
@@ -36,9 +36,9 @@ from registry import Registry
 from serving import protocol as p
 from serving.embedded_nats import EmbeddedNatsCluster, free_port
 from serving.nats_layout import TASKS_STREAM
-from tests.faults.injectors import children_of
-from tests.fleet_fixture import read_heartbeats, wait_until
-from tests.pg import PostgresServer
+from testbed.faults.injectors import children_of
+from testbed.fleet import read_heartbeats, wait_until
+from testbed.postgres import PostgresServer
 
 # Seconds-scale settings a test can wait for; the shipped defaults otherwise.
 WORKER_ENV = {

@@ -5,7 +5,7 @@ the seconds-long tests (``tests/faults/test_faults.py``) and the soak
 (``benchmarks/reliability.py``) run the very same code with a small or a large load.
 
 The calls run in a background thread; the fault is injected from the calling (main) thread,
-which outlives any process it restarts (see :mod:`tests.faults.injectors`).
+which outlives any process it restarts (see :mod:`testbed.faults.injectors`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from serving.placements import model_key
-from tests.faults.counting import PROTOCOLS, Call, CountingClient, Protocol, Tally
-from tests.faults.injectors import (
+from testbed.faults.counting import PROTOCOLS, Call, CountingClient, Protocol, Tally
+from testbed.faults.injectors import (
     Window,
     freeze_runtime,
     kill_nats_node,
@@ -31,9 +31,8 @@ from tests.faults.injectors import (
     restart_nats,
     wait_holding,
 )
-from tests.faults.reference import Reference
-from tests.fleet_fixture import LocalFleet, register_served_task, wait_until
-from tests.nats_fixture import unique_task
+from testbed.faults.reference import Reference
+from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
 
 LIMIT = 2048
 WORDS = [

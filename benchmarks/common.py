@@ -1,11 +1,5 @@
-"""What every benchmark needs first: offline Hugging Face settings, the repository on sys.path,
-the shared GerLayQA data, the packaged MiniLM and a one-line machine description.
-
-A benchmark starts with::
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks._common import REPO, ...  # noqa: E402
-"""
+"""What the benchmarks share: the repository root, the GerLayQA files, the packaged MiniLM, a
+one-line machine description and a process's CPU seconds."""
 
 from __future__ import annotations
 
@@ -16,14 +10,9 @@ import random
 import sys
 from pathlib import Path
 
-# No download at run time: the weights come from a package, the data from ../shared.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from testbed.gerlayqa import GERLAYQA
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-GERLAYQA = REPO.parent / "shared" / "data" / "gerlayqa" / "beir"
 CORPUS = GERLAYQA / "corpus.jsonl"
 QUERIES = GERLAYQA / "queries.jsonl"
 

@@ -37,7 +37,7 @@ import httpx
 import msgpack
 import numpy as np
 
-from tests.faults.reference import Reference
+from testbed.faults.reference import Reference
 
 Protocol = Literal["msgpack", "json", "openai"]
 PROTOCOLS: tuple[Protocol, ...] = ("msgpack", "json", "openai")

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for the test session (Debian's postgresql package).
+"""A throwaway PostgreSQL server for a test session or a benchmark (Debian's postgresql package).
 
 PostgreSQL refuses to run as root, so when we are root the server runs as the `postgres`
 user that the package creates.
@@ -15,11 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from serving.embedded_nats import free_port
 
 
 def pg_bindir() -> Path | None:

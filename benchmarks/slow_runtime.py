@@ -7,17 +7,14 @@ Wall time, not CPU time: on a shared machine a call's time includes waiting for 
 a slower device would wait as long. Sleeping, not spinning, leaves the CPU to the other
 workers of a small benchmark machine.
 
-    python benchmarks/_slow_runtime.py --slow-factor 2 --socket PATH [runtime flags]
+    python -m benchmarks.slow_runtime --slow-factor 2 --socket PATH [runtime flags]
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.runtime import server
 

@@ -3,7 +3,7 @@
 infinity pins numpy<2 and sentence-transformers<4, so it lives in its own virtual environment
 (`make infinity` -> .venv-infinity). It refuses an absolute path as model id, so it runs from
 inside the model folder with model id ".". Used by tests/test_runtime_http.py and by
-benchmarks/runtimes.py (issue 13's peer benchmark can reuse it).
+benchmarks/runtimes.py and benchmarks/peer.py.
 """
 
 from __future__ import annotations

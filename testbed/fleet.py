@@ -1,4 +1,6 @@
-"""Helpers shared by the fleet control-loop tests and the end-to-end serving tests."""
+"""A fleet on loopback (nats-server, the placement publisher, the fleet watcher, real sidecars
+and runtimes) and the steps around it: register a served task, wait for a condition, read
+heartbeats. Shared by the fleet and end-to-end tests and by the benchmarks."""
 
 from __future__ import annotations
 
@@ -22,9 +24,14 @@ from serving.fleet import FleetWatcher, decode_heartbeat
 from serving.nats_layout import ensure_layout
 from serving.placements import PlacementPublisher
 from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
-from tests.suite_fixture import add_task
+from testbed.declared_tasks import add_task
 
 T = TypeVar("T")
+
+
+def unique_task(prefix: str = "t") -> str:
+    """A task name no other test on a shared server uses (valid as a subject token)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def register_served_task(
@@ -313,7 +320,8 @@ class LocalFleet:
     def gateway_nats_node(self) -> int:
         """Which node of the NATS cluster the gateway is connected to now."""
         assert isinstance(self.nats, EmbeddedNatsCluster) and self._gateway_server is not None
-        dispatcher = self._gateway_server.config.app.state.dispatcher
+        app: Any = self._gateway_server.config.app  # the FastAPI app uvicorn serves
+        dispatcher = app.state.dispatcher
         port = dispatcher._nc.connected_url.port
         return next(i for i, node in enumerate(self.nats.nodes) if node.port == port)
 
