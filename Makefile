@@ -39,14 +39,14 @@ $(INFINITY_STAMP):
 
 infinity: $(INFINITY_STAMP)
 
-# System packages the tests need: PostgreSQL (tests start their own server), Chromium, and
-# docker-compose (only its `config` check of deploy/compose.yaml; no engine runs here).
+# System packages the tests need: PostgreSQL (tests start their own server) and Chromium.
+# (deploy/compose.yaml is checked by tests/test_deploy.py against the Compose rules it uses:
+# no Docker package for one `config` check.)
 sysdeps:
 	@need=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$$need postgresql"; \
 	test -x /usr/bin/chromium || need="$$need chromium"; \
 	test -x /usr/bin/time || need="$$need time"; \
-	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing system packages:$$need"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
