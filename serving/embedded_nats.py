@@ -53,9 +53,25 @@ def find_nats_server() -> Path:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free on ``host`` that no other process is handed for about a minute.
+
+    Binding port 0 and closing leaves the port free for anyone until our server binds it, and
+    another process asking the OS for a free port in between may get the same one (parallel
+    test workers do). So one connection is accepted and closed from the listening side first:
+    the port sits in TIME_WAIT, where the OS gives it to no other ``bind(0)`` and no outgoing
+    connection, while a server that binds it with SO_REUSEADDR (nats-server, PostgreSQL,
+    uvicorn and tokio all do) gets it at once.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        address = listener.getsockname()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as client:
+            client.connect(address)
+            accepted, _ = listener.accept()
+            accepted.close()  # this side closes first: TIME_WAIT is on our port
+        return int(address[1])
 
 
 def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
