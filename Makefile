@@ -77,11 +77,15 @@ test-rust: sidecar
 	cd sidecar && cargo test --release --locked -q
 
 # Tests against the infinity-emb peer need its multi-GB environment, the Candle runtime a
-# long release build, a benchmark's `bench` smoke runs a whole fleet of four workers, and the
-# separate-process fleet (tests/test_machines.py) costs a minute or two of a CI budget that is
-# nearly spent: they run in `make bench`.
+# long release build, and a minute or more a test (a benchmark's smoke run on a fleet of four
+# workers, every role its own process) belongs to make bench: markers infinity, candle, bench.
+# Test files run in parallel (pytest-xdist), a whole file on one worker (--dist loadfile: its
+# module-scoped fleet is built once); each worker starts its own PostgreSQL and nats-servers.
+# Most tests wait on processes and sockets, so more workers than cores pay off.
+PYTEST_WORKERS ?= 3
 test-python: $(STAMP) sysdeps sidecar
-	$(VENV)/bin/pytest -q -m "not infinity and not candle and not bench and not machines" --durations=30
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+		-m "not infinity and not candle and not bench" --durations=30
 
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
 # (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
