@@ -13,6 +13,12 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 set, which a serial run does not
+# have; rich fixes a Console's width from COLUMNS when it is created, so the CLI's module-level
+# consoles would then ignore the width a test's CliRunner asks for. One environment either way.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 from registry import Registry
 from testbed.postgres import PostgresServer
