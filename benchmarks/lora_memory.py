@@ -8,8 +8,8 @@ must hold. Writes reports/german-legal-retrieval/lora-memory.md with --report.
     HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.lora_memory --report
 
 --max-steps and --eval-sample bound the run (the peak of a step is reached in the first one);
---base-path/--data-dir point it at other weights and data (the smoke test in make test uses a
-tiny model and a generated suite folder).
+--base-path/--data-dir point it at other weights and data (its smoke test, run by make bench, uses
+a tiny model and a generated suite folder).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seconds-long smoke run of benchmarks/adapters_mixed.py on the tiny model: two real runtimes
+"""Smoke run of benchmarks/adapters_mixed.py (make bench) on the tiny model: two real runtimes
 (mixed and grouped), three adapters, every row of the first round compared between them."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 from benchmarks import adapters_mixed
 
 
+@pytest.mark.bench  # ~1 min (two runtimes) on the shared 2-core machine: make bench
 def test_adapters_benchmark_smoke(tmp_path: Path, tiny_model_path: Path) -> None:
     report = tmp_path / "adapters.md"
     code = adapters_mixed.main(

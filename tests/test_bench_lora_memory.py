@@ -18,6 +18,7 @@ def test_parse_time_v_reads_the_peak() -> None:
         lora_memory.parse_time_v("nothing here")
 
 
+@pytest.mark.bench  # ~45 s (fine-tune + eval CLI): make bench
 def test_smoke_measures_the_cli_and_writes_the_report(
     tmp_path: Path, tiny_model_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,7 @@ import pytest
 from benchmarks import peer
 
 
+@pytest.mark.bench  # ~40 s (`taskfleet up` and a variant build): make bench
 def test_smoke_without_infinity(tmp_path: Path, tiny_model_path: Path) -> None:
     report = tmp_path / "peer.md"
     code = peer.main(
