@@ -77,7 +77,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     add_task(reg, "tickets", kind="classification")
     reg.add_candidate("tickets", kind="majority")
-    reg.engine.dispose()
+    reg.close()
     return home
 
 
