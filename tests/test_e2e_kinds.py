@@ -148,7 +148,7 @@ def test_three_kinds_on_one_base_through_taskfleet_up(tmp_path: Path) -> None:
             )
         # A body of the wrong kind, or the wrong endpoint for a task's kind: one clear 400.
         r = httpx.post(f"{gateway}/v1/tasks/rerank-task", json={"inputs": ["x"]})
-        assert r.status_code == 400 and "unknown field(s) inputs" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "unknown field(s) 'inputs'" in r.json()["error"]["message"]
         r = httpx.post(f"{gateway}/v1/embeddings", json={"model": "rerank-task", "input": "x"})
         assert r.status_code == 400 and "call POST /v1/rerank" in r.json()["error"]["message"]
 
