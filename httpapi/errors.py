@@ -2,11 +2,12 @@
 
 Every error answer of every taskfleet HTTP app — control-plane REST, dashboard (when the client
 asks for JSON), gateway — is ``{"error": {"code": "UPPER_SNAKE", "message": str, "retryable":
-bool}}``. The codes are the members of :class:`ErrorCode`, each with the HTTP status it answers
-with; ``docs/protocol.md`` lists the same table (a test keeps them equal).
+bool}}``. The codes are the members of :class:`ErrorCode`; each one's HTTP status, default
+retryability and meaning are declared in ``contract/shared.toml`` (the rules Python and the
+sidecar share), and ``docs/protocol.md`` lists the same table (a test keeps them equal).
 
-This module imports no taskfleet package and no web framework, so the registry, the gateway,
-the clients and the CLI can all import it without importing one another.
+This module imports no taskfleet package but ``contract`` and no web framework, so the registry,
+the gateway, the clients and the CLI can all import it without importing one another.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from contract import ERROR_CODES
 
 
 @dataclass(frozen=True)
@@ -69,55 +72,23 @@ class ErrorCode(StrEnum):
         return CODES[self].retryable
 
 
-_C = ErrorCode
-CODES: dict[ErrorCode, CodeInfo] = {
-    _C.BAD_REQUEST: CodeInfo(400, False, "the request is malformed or a value is not allowed"),
-    _C.LINEAGE_ERROR: CodeInfo(400, False, "an adapter's lineage would be wrong (cycle, base)"),
-    _C.PROMOTION_RULE_NOT_MET: CodeInfo(
-        400, False, "the challenger does not beat the champion by the rule; admins may override"
-    ),
-    _C.PROMOTION_REQUIRED: CodeInfo(
-        400, False, "the served candidate changes only by promote, rollback or admin override"
-    ),
-    _C.TASK_NOT_SERVABLE: CodeInfo(400, False, "the task's name cannot be a NATS subject token"),
-    _C.UNAUTHENTICATED: CodeInfo(401, False, "no API key, or an unknown, malformed or revoked one"),
-    _C.FORBIDDEN: CodeInfo(403, False, "the key's roles or task list do not allow this"),
-    _C.CSRF_REFUSED: CodeInfo(403, False, "a dashboard form without this session's token"),
-    _C.NOT_FOUND: CodeInfo(404, False, "no such route, task, model, adapter or candidate"),
-    _C.METHOD_NOT_ALLOWED: CodeInfo(405, False, "the route exists, the HTTP method does not"),
-    _C.ALREADY_EXISTS: CodeInfo(409, False, "a record with that name already exists"),
-    _C.CONFLICT: CodeInfo(409, True, "the state changed under the caller (a stale form)"),
-    _C.PAYLOAD_TOO_LARGE: CodeInfo(
-        413, False, "the body, one of its texts or its cost is above a limit"
-    ),
-    _C.UNSUPPORTED_MEDIA_TYPE: CodeInfo(415, False, "the body's Content-Type is not accepted"),
-    _C.RATE_LIMITED: CodeInfo(429, True, "too many attempts; wait for Retry-After seconds"),
-    _C.INTERNAL: CodeInfo(500, False, "a bug or an unforeseen failure; the server log has it"),
-    _C.NOT_IMPLEMENTED: CodeInfo(501, False, "this server was not set up for the route"),
-    _C.ARTIFACT_ERROR: CodeInfo(500, False, "a stored artifact is missing or corrupted"),
-    _C.UNKNOWN_OP: CodeInfo(502, False, "a worker's runtime did not know the operation"),
-    _C.LOAD_FAILED: CodeInfo(502, False, "a worker could not load the model"),
-    _C.INFER_FAILED: CodeInfo(502, False, "a worker's model failed on the batch"),
-    _C.REPLY_UNDELIVERABLE: CodeInfo(
-        502, False, "a worker computed the answer but could not send it (it was dead-lettered)"
-    ),
-    _C.BAD_REPLY: CodeInfo(502, False, "a worker's reply did not match its request"),
-    _C.UNAVAILABLE: CodeInfo(503, True, "no worker can take the task yet"),
-    _C.NOT_PLACED: CodeInfo(503, True, "the task has no placement yet (no champion)"),
-    _C.NO_WORKER: CodeInfo(503, True, "no live worker serves the task"),
-    _C.QUEUE_UNAVAILABLE: CodeInfo(503, True, "the gateway is not connected to NATS"),
-    _C.NOT_READY: CodeInfo(
-        503,
-        True,
-        "not connected to NATS, or the control plane's directory (or a placement epoch the "
-        "caller has seen) not yet received",
-    ),
-    _C.DATABASE_ERROR: CodeInfo(503, True, "the registry database cannot be reached"),
-    _C.MODEL_NOT_LOADED: CodeInfo(503, True, "the worker is still loading the model"),
-    _C.OUT_OF_MEMORY: CodeInfo(503, True, "the worker ran out of memory for the batch"),
-    _C.RUNTIME_UNAVAILABLE: CodeInfo(503, True, "the worker's runtime is down or restarting"),
-    _C.DEADLINE_EXCEEDED: CodeInfo(504, False, "no answer before the request's deadline"),
-}
+def _declared_codes() -> dict[ErrorCode, CodeInfo]:
+    """Status, retryability and meaning of every code, from contract/shared.toml; the enum
+    above names them for type checkers, and must name exactly the declared ones."""
+    named = set(ErrorCode.__members__)
+    if named != set(ERROR_CODES):
+        raise RuntimeError(
+            "httpapi.errors.ErrorCode and contract/shared.toml [error_codes] differ: "
+            f"only in the enum {sorted(named - set(ERROR_CODES))}, "
+            f"only in the file {sorted(set(ERROR_CODES) - named)}"
+        )
+    return {
+        ErrorCode(code): CodeInfo(rule.status, rule.retryable, rule.meaning)
+        for code, rule in ERROR_CODES.items()
+    }
+
+
+CODES: dict[ErrorCode, CodeInfo] = _declared_codes()
 
 _BY_VALUE: dict[str, CodeInfo] = {code.value: info for code, info in CODES.items()}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from contract import TASK_NAME
 from registry.errors import InvalidInput
 
 SUITE_KINDS = ("retrieval", "rerank", "classification")
@@ -26,11 +27,12 @@ BASELINE_KINDS = ("bm25", "random", "tfidf-lr", "majority")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 # Candidates are often "<base>+<adapter>", so they may also contain '+'.
 CANDIDATE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,127}$")
-# A task name is a NATS subject token (tasks.<task>) and a consumer name, so no '.'.
-TASK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
+# A task name is a NATS subject token (tasks.<task>) and a consumer name, so no '.'; the rule is
+# the one the fleet checks too (contract/shared.toml [task_name]).
+TASK_NAME_RE = TASK_NAME.pattern
 _PATTERNS = {
     "candidate": (CANDIDATE_NAME_RE, "'.', '_', '+' or '-'"),
-    "task": (TASK_NAME_RE, "'_' or '-'"),
+    "task": (TASK_NAME_RE, " or ".join(f"'{c}'" for c in TASK_NAME.also)),
 }
 
 

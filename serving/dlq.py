@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from contract import HEADERS
 from serving import protocol as p
 from serving.nats_layout import (
     DLQ_STREAM,
@@ -25,12 +26,6 @@ from serving.nats_layout import (
     ensure_layout,
     task_subject,
 )
-
-HEADER_ERROR = "Tf-Error"
-HEADER_REQUEST_ID = "Tf-Request-Id"
-HEADER_REPLY = "Tf-Reply"
-HEADER_DEADLINE = "Tf-Deadline"
-HEADER_MSG_ID = "Nats-Msg-Id"
 
 
 class DeadLetterNotFound(LookupError):
@@ -97,8 +92,8 @@ def _letter(
     return DeadLetter(
         seq=seq,
         task=subject.removeprefix(DLQ_SUBJECT_PREFIX),
-        request_id=headers.get(HEADER_REQUEST_ID) or headers.get(HEADER_MSG_ID, ""),
-        error=headers.get(HEADER_ERROR, ""),
+        request_id=headers.get(HEADERS.request_id) or headers.get(HEADERS.msg_id, ""),
+        error=headers.get(HEADERS.error, ""),
         time=time,
         headers=dict(headers),
         payload=data,
@@ -132,18 +127,20 @@ async def replay(
     outcomes: list[ReplayOutcome] = []
     for letter in letters:
         request_id = f"replay-{letter.seq}-{uuid.uuid4().hex[:8]}"
+        # Not the last error, the old deadline and reply subject, nor the server's own headers.
+        dropped = (HEADERS.error, HEADERS.deadline, HEADERS.reply)
         headers = {
             k: v
             for k, v in letter.headers.items()
-            if k not in (HEADER_ERROR, HEADER_DEADLINE, HEADER_REPLY) and not k.startswith("Nats-")
+            if k not in dropped and not k.startswith("Nats-")
         }
-        headers[HEADER_REQUEST_ID] = request_id
-        headers[HEADER_MSG_ID] = request_id
+        headers[HEADERS.request_id] = request_id
+        headers[HEADERS.msg_id] = request_id
         inbox_sub = None
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         if wait_s > 0:
             inbox = nc.new_inbox()
-            headers[HEADER_REPLY] = inbox
+            headers[HEADERS.reply] = inbox
 
             async def on_reply(msg: Msg, fut: asyncio.Future[Msg] = future) -> None:
                 if msg.reply:  # the worker acks the request once its reply is confirmed

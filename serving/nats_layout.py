@@ -1,15 +1,15 @@
 """The JetStream objects of the fleet (ARCHITECTURE.md "NATS layout"), created idempotently.
 
-Every process that needs a stream, consumer or bucket calls :func:`ensure_layout` (or
-:func:`ensure_task_consumer`) instead of assuming another one ran first: the gateway, the
-fleet tools and `taskfleet up` all do. An object that already exists is left exactly as it is,
-so two processes starting at once, or a Rust sidecar that created the object first with the
-same settings (``sidecar/src/nats.rs``), never fight over its configuration.
+Their names and settings are declared in ``contract/shared.toml``; this module builds the
+nats-py configurations from it. Every process that needs a stream, consumer or bucket calls
+:func:`ensure_layout` (or :func:`ensure_task_consumer`) instead of assuming another one ran
+first: the gateway, the fleet tools and `taskfleet up` all do. An object that already exists is
+left exactly as it is, so two processes starting at once, or a Rust sidecar that created the
+object first (``sidecar/src/nats.rs``), never fight over its configuration.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -27,48 +27,56 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-TASKS_STREAM = "TASKS"
-TASKS_SUBJECT_PREFIX = "tasks."
-DLQ_STREAM = "DLQ"
-DLQ_SUBJECT_PREFIX = "dlq."
-PLACEMENTS_BUCKET = "placements"
-WORKERS_BUCKET = "workers"
-PAYLOADS_BUCKET = "payloads"
+from contract import NATS, TASK_NAME, BucketRule, ObjectStoreRule, StreamRule
+from httpapi.errors import shown
+
+
+def _required(value: float | None, key: str) -> float:
+    if value is None:
+        raise RuntimeError(f"contract/shared.toml must declare {key}")
+    return value
+
+
+# Every name and setting below is read from contract/shared.toml: these are its Python
+# spellings, never values of their own.
+_TASKS = NATS.streams.tasks
+_DLQ = NATS.streams.dlq
+_KV = NATS.kv
+TASKS_STREAM = _TASKS.name
+TASKS_SUBJECT_PREFIX = _TASKS.subject_prefix
+DLQ_STREAM = _DLQ.name
+DLQ_SUBJECT_PREFIX = _DLQ.subject_prefix
+PLACEMENTS_BUCKET = _KV.placements.bucket
+WORKERS_BUCKET = _KV.workers.bucket
+PAYLOADS_BUCKET = NATS.object_stores.payloads.bucket
 # Base models and adapters by content (serving/artifacts.py): kept until deleted, no TTL.
-ARTIFACTS_BUCKET = "artifacts"
+ARTIFACTS_BUCKET = NATS.object_stores.artifacts.bucket
 # The control planes' leader lock (serving/leader.py) and what the leader publishes for gateways
 # (serving/directory.py): tasks and API-key digests, so no gateway reads the database.
-LEADER_BUCKET = "leader"
-DIRECTORY_BUCKET = "directory"
-CONSUMER_PREFIX = "task_"
+LEADER_BUCKET = _KV.leader.bucket
+DIRECTORY_BUCKET = _KV.directory.bucket
+CONSUMER_PREFIX = NATS.task_consumer.name_prefix
 # Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.
-REPLY_SUBJECT_PREFIX = "_tf.reply."
+REPLY_SUBJECT_PREFIX = NATS.reply_subject_prefix
 
-# Same values as sidecar/src/nats.rs, so whichever side creates an object first, it is the same.
-TASKS_MAX_AGE_S = 24 * 3600.0
+TASKS_MAX_AGE_S = _TASKS.max_age_s
 # Retries by the gateway or a client within this window carry the same Nats-Msg-Id and are
 # dropped by the server instead of running twice.
-DUPLICATE_WINDOW_S = 120.0
-DLQ_MAX_AGE_S = 14 * 24 * 3600.0
-PAYLOADS_TTL_S = 24 * 3600.0
-PLACEMENTS_HISTORY = 5
+DUPLICATE_WINDOW_S = _TASKS.duplicate_window_s
+DLQ_MAX_AGE_S = _DLQ.max_age_s
+PAYLOADS_TTL_S = NATS.object_stores.payloads.ttl_s
+PLACEMENTS_HISTORY = _KV.placements.history
 # A worker beating every few seconds drops out of the fleet this long after its last beat.
-WORKERS_TTL_S = 15.0
-# How long a message stays with a worker that stopped acknowledging it. Workers send progress
-# acks (in_progress) for every message they hold three times per ack_wait, however long the batch,
-# so this fires only when the worker is gone: a crashed worker's messages are redelivered within
-# ~10 s (the default deadline is 30 s), about when its heartbeat expires too.
-ACK_WAIT_S = 10.0
+WORKERS_TTL_S = _required(_KV.workers.ttl_s, "nats.kv.workers.ttl_s")
+# How long a message stays with a worker that stopped acknowledging it (redelivered after).
+ACK_WAIT_S = NATS.task_consumer.ack_wait_s
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
-MAX_DELIVER = 5
+MAX_DELIVER = NATS.task_consumer.max_deliver
 # Copies of every stream and bucket on a cluster of this many nodes or more.
-REPLICAS = 3
+REPLICAS = NATS.replicas
 # A leader that stops renewing its lock (killed, cut off from NATS) loses it this long after its
 # last renewal; a standby control plane then takes over. The bucket's TTL, fixed at creation.
-LEADER_TTL_S = 10.0
-
-# Task names become subject tokens and consumer names (same rule as the sidecar).
-_TASK_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+LEADER_TTL_S = _required(_KV.leader.ttl_s, "nats.kv.leader.ttl_s")
 
 
 class InvalidTaskName(ValueError):
@@ -111,10 +119,10 @@ async def kv_values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
 
 
 def check_task_name(task: str) -> str:
-    if not _TASK_NAME_RE.fullmatch(task):
+    # The registry's rule (registry/kinds.py reads the same declaration).
+    if not TASK_NAME.allows(task):
         raise InvalidTaskName(
-            f"task name {task!r} cannot be served: on the fleet a task name may hold only "
-            "letters, digits, '-' and '_'"
+            f"task name {shown(task)} cannot be served: a task name holds {TASK_NAME.describe()}"
         )
     return task
 
@@ -131,38 +139,48 @@ def dlq_subject(task: str) -> str:
     return DLQ_SUBJECT_PREFIX + check_task_name(task)
 
 
-def tasks_stream_config(replicas: int = 1) -> StreamConfig:
+def stream_config(rule: StreamRule, replicas: int = 1) -> StreamConfig:
+    """The stream ``rule`` declares, with ``replicas`` copies."""
     return StreamConfig(
         num_replicas=replicas,
-        name=TASKS_STREAM,
-        subjects=[TASKS_SUBJECT_PREFIX + ">"],
-        retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
-        max_age=TASKS_MAX_AGE_S,
-        duplicate_window=DUPLICATE_WINDOW_S,
+        name=rule.name,
+        subjects=[rule.subject_prefix + ">"],
+        retention=RetentionPolicy(rule.retention),
+        storage=StorageType(rule.storage),
+        max_age=rule.max_age_s,
+        # 0: the server's default (as a stream created without one gets).
+        duplicate_window=rule.duplicate_window_s or 0.0,
     )
 
 
+def tasks_stream_config(replicas: int = 1) -> StreamConfig:
+    return stream_config(_TASKS, replicas)
+
+
 def dlq_stream_config(replicas: int = 1) -> StreamConfig:
-    return StreamConfig(
-        num_replicas=replicas,
-        name=DLQ_STREAM,
-        subjects=[DLQ_SUBJECT_PREFIX + ">"],
-        retention=RetentionPolicy.LIMITS,
+    return stream_config(_DLQ, replicas)
+
+
+def kv_config(rule: BucketRule, replicas: int = 1) -> KeyValueConfig:
+    return KeyValueConfig(
+        bucket=rule.bucket,
+        history=rule.history,
+        ttl=rule.ttl_s,
         storage=StorageType.FILE,
-        max_age=DLQ_MAX_AGE_S,
+        replicas=replicas,
     )
 
 
 def task_consumer_config(task: str) -> ConsumerConfig:
     name = consumer_name(task)
+    rule = NATS.task_consumer
     return ConsumerConfig(
         name=name,
         durable_name=name,
         filter_subject=task_subject(task),
-        ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=ACK_WAIT_S,
-        max_deliver=MAX_DELIVER,
+        ack_policy=AckPolicy(rule.ack_policy),
+        ack_wait=rule.ack_wait_s,
+        max_deliver=rule.max_deliver,
     )
 
 
@@ -192,17 +210,17 @@ async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
 
 
 async def _ensure_object_store(
-    js: JetStreamContext, bucket: str, replicas: int, ttl: float | None
+    js: JetStreamContext, rule: ObjectStoreRule, replicas: int
 ) -> ObjectStore:
     try:
-        return await js.object_store(bucket)
+        return await js.object_store(rule.bucket)
     except BucketNotFoundError:
         pass
-    config = ObjectStoreConfig(ttl=ttl, storage=StorageType.FILE, replicas=replicas)
+    config = ObjectStoreConfig(ttl=rule.ttl_s, storage=StorageType.FILE, replicas=replicas)
     try:
-        return await js.create_object_store(bucket, config)
+        return await js.create_object_store(rule.bucket, config)
     except BadRequestError:
-        return await js.object_store(bucket)
+        return await js.object_store(rule.bucket)
 
 
 async def ensure_task_consumer(js: JetStreamContext, task: str) -> ConsumerInfo:
@@ -245,17 +263,12 @@ async def ensure_layout(
     await _ensure_stream(js, tasks_stream_config(r))
     await _ensure_stream(js, dlq_stream_config(r))
 
-    def kv(bucket: str, history: int, ttl: float | None = None) -> KeyValueConfig:
-        return KeyValueConfig(
-            bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE, replicas=r
-        )
-
-    placements = await _ensure_kv(js, kv(PLACEMENTS_BUCKET, PLACEMENTS_HISTORY))
-    workers = await _ensure_kv(js, kv(WORKERS_BUCKET, 1, WORKERS_TTL_S))
-    payloads = await _ensure_object_store(js, PAYLOADS_BUCKET, r, PAYLOADS_TTL_S)
-    artifacts = await _ensure_object_store(js, ARTIFACTS_BUCKET, r, None)
-    leader = await _ensure_kv(js, kv(LEADER_BUCKET, 1, LEADER_TTL_S))
-    directory = await _ensure_kv(js, kv(DIRECTORY_BUCKET, 1))
+    placements = await _ensure_kv(js, kv_config(_KV.placements, r))
+    workers = await _ensure_kv(js, kv_config(_KV.workers, r))
+    payloads = await _ensure_object_store(js, NATS.object_stores.payloads, r)
+    artifacts = await _ensure_object_store(js, NATS.object_stores.artifacts, r)
+    leader = await _ensure_kv(js, kv_config(_KV.leader, r))
+    directory = await _ensure_kv(js, kv_config(_KV.directory, r))
     for task in tasks:
         await ensure_task_consumer(js, task)
     return Layout(

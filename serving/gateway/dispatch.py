@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
+from contract import HEADERS
 from serving import nats_layout
 from serving.connection import NatsTarget, nats_options
 from serving.gateway.bodies import EmbedRequest
@@ -63,16 +64,6 @@ Incarnations = dict[str, int | None]
 TaskRequest = EmbedRequest | RerankRequest | ClassifyRequest
 
 log = logging.getLogger(__name__)
-
-HEADER_MSG_ID = "Nats-Msg-Id"
-HEADER_REQUEST_ID = "Tf-Request-Id"
-HEADER_REPLY = "Tf-Reply"
-HEADER_DEADLINE = "Tf-Deadline"
-HEADER_PRIORITY = "Tf-Priority"
-# The oldest placement epoch a worker may answer from (sidecar/src/worker/batch.rs `fence`).
-HEADER_MIN_EPOCH = "Tf-Min-Epoch"
-# The caller's API key name (absent when auth is off): workers share batches fairly by it.
-HEADER_KEY = "Tf-Key"
 
 
 @dataclass(frozen=True)
@@ -320,16 +311,16 @@ class Dispatcher:
         deadline = time.monotonic() + timeout_s
         fence = max(min_epoch, self._epochs.get(task, 0))
         headers = {
-            HEADER_MSG_ID: request_id,
-            HEADER_REQUEST_ID: request_id,
-            HEADER_REPLY: self.reply_prefix + request_id,
-            HEADER_DEADLINE: str(now_ms() + int(timeout_s * 1000)),
-            HEADER_PRIORITY: str(priority),
+            HEADERS.msg_id: request_id,
+            HEADERS.request_id: request_id,
+            HEADERS.reply: self.reply_prefix + request_id,
+            HEADERS.deadline: str(now_ms() + int(timeout_s * 1000)),
+            HEADERS.priority: str(priority),
         }
         if fence > 0:
-            headers[HEADER_MIN_EPOCH] = str(fence)
+            headers[HEADERS.min_epoch] = str(fence)
         if key is not None:
-            headers[HEADER_KEY] = key
+            headers[HEADERS.key] = key
         future: asyncio.Future[AnyReplyOk | ReplyError] = asyncio.get_running_loop().create_future()
         serving = await self._incarnations(task)
         # Registered before publishing: a fast worker may answer before publish() returns.
