@@ -14,6 +14,7 @@ from httpapi.errors import CODES, ErrorCode
 from registry.errors import InvalidInput
 from registry.kinds import check_name
 from serving import nats_layout as layout
+from serving import protocol
 from tests.conftest import REPO
 
 
@@ -45,6 +46,11 @@ def test_the_error_codes_are_the_declared_ones_with_their_retryability() -> None
     assert {c.value: (i.status, i.retryable, i.meaning) for c, i in CODES.items()} == {
         code: (rule.status, rule.retryable, rule.meaning) for code, rule in ERROR_CODES.items()
     }
+    # The socket protocol's codes are the declared socket codes, retryable as declared.
+    assert {c.value for c in protocol.SocketErrorCode} == contract.SOCKET_CODES
+    for code in protocol.SocketErrorCode:
+        info = protocol.ErrorInfo.of(code, "m")
+        assert info.retryable is ErrorCode(code.value).retryable is ERROR_CODES[code].retryable
     assert ErrorCode.INTERNAL.retryable is False
 
 
@@ -75,7 +81,7 @@ def test_the_jetstream_objects_are_built_from_the_declared_settings() -> None:
     for bucket in (NATS.kv.placements, NATS.kv.workers, NATS.kv.leader, NATS.kv.directory):
         kv = layout.kv_config(bucket)
         assert (kv.bucket, kv.history, kv.ttl) == (bucket.bucket, bucket.history, bucket.ttl_s)
-    assert layout.REPLY_SUBJECT_PREFIX == NATS.reply_subject_prefix
+    assert NATS.reply_subject_prefix == layout.REPLY_SUBJECT_PREFIX
 
 
 def test_no_python_module_writes_a_declared_header_or_subject_by_hand() -> None:

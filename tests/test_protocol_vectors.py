@@ -93,12 +93,12 @@ def test_embeddings_are_little_endian_float32_row_major() -> None:
 @pytest.mark.parametrize(
     ("obj", "code", "request_id"),
     [
-        ({"op": "fly", "id": 4}, p.ErrorCode.UNKNOWN_OP, 4),
-        ({"op": "unload"}, p.ErrorCode.BAD_REQUEST, None),
-        ({"op": "unload", "id": 5}, p.ErrorCode.BAD_REQUEST, 5),
-        ({"op": "unload", "id": 5, "model_key": 7}, p.ErrorCode.BAD_REQUEST, 5),
-        ({"op": "unload", "id": 5, "model_key": "m", "extra": 1}, p.ErrorCode.BAD_REQUEST, 5),
-        ({"op": "stats", "id": True}, p.ErrorCode.BAD_REQUEST, None),
+        ({"op": "fly", "id": 4}, p.SocketErrorCode.UNKNOWN_OP, 4),
+        ({"op": "unload"}, p.SocketErrorCode.BAD_REQUEST, None),
+        ({"op": "unload", "id": 5}, p.SocketErrorCode.BAD_REQUEST, 5),
+        ({"op": "unload", "id": 5, "model_key": 7}, p.SocketErrorCode.BAD_REQUEST, 5),
+        ({"op": "unload", "id": 5, "model_key": "m", "extra": 1}, p.SocketErrorCode.BAD_REQUEST, 5),
+        ({"op": "stats", "id": True}, p.SocketErrorCode.BAD_REQUEST, None),
         (
             {
                 "op": "infer",
@@ -106,14 +106,14 @@ def test_embeddings_are_little_endian_float32_row_major() -> None:
                 "batch_id": "b",
                 "items": [{"model_key": "m", "kind": "x", "texts": []}],
             },
-            p.ErrorCode.BAD_REQUEST,
+            p.SocketErrorCode.BAD_REQUEST,
             6,
         ),
-        ([1, 2], p.ErrorCode.BAD_REQUEST, None),
+        ([1, 2], p.SocketErrorCode.BAD_REQUEST, None),
     ],
 )
 def test_bad_requests_raise_precise_errors(
-    obj: Any, code: p.ErrorCode, request_id: int | None
+    obj: Any, code: p.SocketErrorCode, request_id: int | None
 ) -> None:
     with pytest.raises(p.ProtocolError) as info:
         p.decode_request(obj)

@@ -129,7 +129,7 @@ class RuntimeServer:
             reply = await self._dispatch(request)
         except Exception as exc:
             code, message = _classify(exc)
-            if code == p.ErrorCode.INFER_FAILED:
+            if code == p.SocketErrorCode.INFER_FAILED:
                 log.exception("request %s (%s) failed", request.id, request.op)
             reply = _error(request.id, code, message)
         with contextlib.suppress(ConnectionError):
@@ -177,7 +177,7 @@ class RuntimeServer:
         if request.protocol != p.PROTOCOL_VERSION:
             return _error(
                 request.id,
-                p.ErrorCode.BAD_REQUEST,
+                p.SocketErrorCode.BAD_REQUEST,
                 f"protocol {request.protocol} is not supported; "
                 f"this runtime speaks {p.PROTOCOL_VERSION}",
             )
@@ -252,23 +252,23 @@ class RuntimeServer:
         return await loop.run_in_executor(self._executor, fn, *args)
 
 
-def _error(request_id: int, code: p.ErrorCode, message: str) -> p.ErrorReply:
+def _error(request_id: int, code: p.SocketErrorCode, message: str) -> p.ErrorReply:
     return p.ErrorReply(id=request_id, error=p.ErrorInfo.of(code, message))
 
 
-def _classify(exc: Exception) -> tuple[p.ErrorCode, str]:
+def _classify(exc: Exception) -> tuple[p.SocketErrorCode, str]:
     """Map an exception raised by an op to the protocol's error code and a message."""
     if isinstance(exc, ModelNotLoadedError):
-        return p.ErrorCode.MODEL_NOT_LOADED, str(exc.args[0] if exc.args else exc)
+        return p.SocketErrorCode.MODEL_NOT_LOADED, str(exc.args[0] if exc.args else exc)
     if isinstance(exc, ModelKeyConflictError | UnsupportedOpError | HeadError):
-        return p.ErrorCode.BAD_REQUEST, str(exc)
+        return p.SocketErrorCode.BAD_REQUEST, str(exc)
     if isinstance(exc, ModelLoadError):
-        return p.ErrorCode.LOAD_FAILED, str(exc)
+        return p.SocketErrorCode.LOAD_FAILED, str(exc)
     if isinstance(exc, BatchExpired):
-        return p.ErrorCode.DEADLINE_EXCEEDED, str(exc)
+        return p.SocketErrorCode.DEADLINE_EXCEEDED, str(exc)
     if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without import
-        return p.ErrorCode.OUT_OF_MEMORY, str(exc).splitlines()[0]
-    return p.ErrorCode.INFER_FAILED, f"{type(exc).__name__}: {exc}"
+        return p.SocketErrorCode.OUT_OF_MEMORY, str(exc).splitlines()[0]
+    return p.SocketErrorCode.INFER_FAILED, f"{type(exc).__name__}: {exc}"
 
 
 def _clear_stale_socket(path: Path) -> None:

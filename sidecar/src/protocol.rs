@@ -1,4 +1,4 @@
-//! Wire messages of protocol version 1 (docs/protocol.md), mirrored from `serving/protocol.py`.
+//! Wire messages of protocol version 1 (docs/protocol.md), mirrored from `serving/protocol/`.
 //!
 //! Struct field order *is* the msgpack map key order, so both languages produce identical
 //! bytes; the golden vectors in `tests/vectors/` pin this down (see the tests at the bottom).

@@ -1,4 +1,4 @@
-//! Golden vectors shared with Python (`tests/vectors/`, written by `serving/protocol.py`):
+//! Golden vectors shared with Python (`tests/vectors/`, written by `serving/protocol/`):
 //! every vector decodes into its Rust type, re-encodes to the identical bytes, and equals its
 //! JSON twin. A vector name this table does not know, or a known name without a vector, fails.
 

@@ -2,7 +2,7 @@
 
 Run from the repository root:  python tests/vectors/generate.py
 The test suite checks that the committed files equal what this script produces, so a change
-to serving/protocol.py that alters bytes shows up as a diff here (and breaks the Rust side).
+to serving/protocol/ that alters bytes shows up as a diff here (and breaks the Rust side).
 
 JSON convention: a msgpack ``bin`` value is written as ``{"$base64": "<standard base64>"}``;
 everything else maps one to one (nil <-> null). Key order in the JSON equals the msgpack order.
@@ -140,7 +140,7 @@ def messages() -> dict[str, Any]:
         ),
         "socket_error_reply": p.ErrorReply(
             id=5_000_000_000,
-            error=p.ErrorInfo.of(p.ErrorCode.MODEL_NOT_LOADED, "model 'x' is not loaded"),
+            error=p.ErrorInfo.of(p.SocketErrorCode.MODEL_NOT_LOADED, "model 'x' is not loaded"),
         ),
         "socket_shutdown_request": p.ShutdownRequest(id=9),
         "socket_shutdown_reply": p.ShutdownReply(id=9),
@@ -210,7 +210,7 @@ def messages() -> dict[str, Any]:
         ),
         "reply_error": p.ReplyError(
             request_id="01J9ZK3T4Q",
-            error=p.ErrorInfo.of(p.ErrorCode.INFER_FAILED, "input 3 is empty"),
+            error=p.ErrorInfo.of(p.SocketErrorCode.INFER_FAILED, "input 3 is empty"),
         ),
         "placement_value": p.PlacementValue(
             task="german-legal-retrieval",
