@@ -2,9 +2,10 @@
 the shared parts (formats, decoding, input checks) and the embedding bodies. Rerank and
 classification bodies live in ``bodies_rerank`` and ``bodies_classify``.
 
-The gateway reads only the envelope of a request: the input strings and their kind. It checks
-their *shape* (types, emptiness, count) and their *length* against the task's per-text limits
-(413; ``registry/limits.py``) so that nothing malformed or unbounded reaches the queue, but never
+The gateway parses every field of a body (unknown ones refused) for the task's kind: the input
+strings and their kind here, a query and its documents, a stock client's fields. It checks their
+*shape* (types, emptiness, count) and their *length* against the task's per-text limits (413;
+``registry/limits.py``) so that nothing malformed or unbounded reaches the queue, but never
 looks inside a text. What a request costs is estimated here too (``estimate_tokens``): the
 gateway holds no tokenizer, so a text counts a quarter of its characters, at most the model's
 ``max_seq_length`` (workers cut every text to it).

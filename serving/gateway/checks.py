@@ -1,0 +1,194 @@
+"""The checks a call goes through once its caller is known, in the order ``app.py`` lists, and
+the queueing of a call that passed them all.
+
+Plain functions of the :class:`~serving.gateway.access.Gateway` they are given: the task's
+record and placement come from the published view (never the registry), live workers and
+epochs from the dispatcher, quotas from admission.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from httpapi.errors import ApiError, shown
+from httpapi.handlers import error_response
+from serving import nats_layout
+from serving.directory import KeyRecord, TaskRecord
+from serving.gateway.access import Gateway
+from serving.gateway.dispatch import TaskRequest
+from serving.gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    PayloadTooLarge,
+    Unavailable,
+    UnknownTask,
+)
+from serving.gateway.headers import CallHeaders, call_headers
+from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL
+from serving.protocol import AnyReplyOk, PlacementValue
+
+log = logging.getLogger(__name__)
+
+# The stock-client endpoint of each task kind.
+KIND_ENDPOINT = {
+    "retrieval": "/v1/embeddings",
+    "rerank": "/v1/rerank",
+    "classification": "/v1/classify",
+}
+# The kind of a placed task the directory does not list: control planes from before task
+# kinds published only retrieval tasks.
+LEGACY_KIND = "retrieval"
+
+
+@dataclass
+class Outcome:
+    """What the metrics of one request need to know, filled in as the request goes."""
+
+    task: str = UNKNOWN_TASK_LABEL
+
+
+def headers_of(gateway: Gateway, request: Request) -> CallHeaders:
+    settings = gateway.settings
+    return call_headers(
+        request.headers,
+        default_timeout_s=settings.default_timeout_s,
+        max_timeout_s=settings.max_timeout_s,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it is known to exceed ``limit`` (before reading it all)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body has {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def find_task(
+    gateway: Gateway, task: str, key: KeyRecord | None, outcome: Outcome
+) -> tuple[TaskRecord, PlacementValue | None]:
+    """The task's record (kind, limits) and placement, from the published view (never the
+    registry); 403 outside the key's tasks, 404 when unknown, 503 until the directory is
+    seen."""
+    if key is not None and key.tasks and task not in key.tasks:
+        raise Forbidden(f"this API key may not call task {shown(task)}")
+    view = gateway.view
+    placement = view.placements.get(task)
+    record = view.tasks.get(task)
+    if record is None:
+        # A task is known from the directory, which also says its kind. A placement alone
+        # serves only once the directory is read: an older control plane published placements
+        # of retrieval tasks only; a newer one publishes the directory right after its
+        # placements.
+        if not (view.directory_published and view.synced):
+            raise gateway.not_ready("tasks and placements")
+        if placement is None:
+            raise UnknownTask(f"unknown task {shown(task)}")
+        record = TaskRecord(task, LEGACY_KIND)
+    outcome.task = task
+    return record, placement
+
+
+def stock_task(
+    gateway: Gateway, task: str, want: str, outcome: Outcome, key: KeyRecord | None
+) -> tuple[TaskRecord, PlacementValue | None]:
+    """A stock-client endpoint's task once its body is parsed: it exists and is of the
+    endpoint's kind."""
+    record, placement = find_task(gateway, task, key, outcome)
+    if record.kind != want:
+        raise BadRequest(
+            f"task {task!r} is a {record.kind} task; call POST "
+            f"{KIND_ENDPOINT.get(record.kind, '?')} (or POST /v1/tasks/{{task}})"
+        )
+    return record, placement
+
+
+async def check_servable(
+    gateway: Gateway, task: str, placement: PlacementValue | None
+) -> PlacementValue:
+    """The task can be served now: a fleet name, a placement, a live worker running it."""
+    try:
+        nats_layout.check_task_name(task)
+    except nats_layout.InvalidTaskName as exc:
+        raise BadRequest(str(exc), code="TASK_NOT_SERVABLE") from exc
+    retry_after_s = gateway.settings.retry_after_s
+    if placement is None:
+        raise Unavailable(
+            f"task {task!r} is not placed on the fleet yet (no promotion or placement)",
+            code="NOT_PLACED",
+            retry_after_s=retry_after_s,
+        )
+    if not await gateway.dispatcher.live_workers(task):
+        raise Unavailable(
+            f"no live worker serves task {task!r} yet",
+            code="NO_WORKER",
+            retry_after_s=retry_after_s,
+        )
+    return placement
+
+
+async def queue_call(
+    gateway: Gateway,
+    record: TaskRecord,
+    placement: PlacementValue | None,
+    parsed: TaskRequest,
+    key: KeyRecord | None,
+    call: CallHeaders,
+) -> AnyReplyOk:
+    """The checks of a parsed body of the task's kind, in order, then queue it and wait."""
+    task = record.name
+    parsed.check_limits(record)
+    served = await check_servable(gateway, task, placement)
+    dispatcher = gateway.dispatcher
+    await dispatcher.await_epoch(task, call.min_epoch, call.timeout_s)
+    gateway.admission.charge_tokens(key, parsed, served)
+    return await dispatcher.submit(
+        task,
+        parsed,
+        timeout_s=call.timeout_s,
+        priority=call.priority,
+        min_epoch=call.min_epoch,
+        key=key.name if key is not None else None,
+    )
+
+
+async def measured(
+    gateway: Gateway, outcome: Outcome, handler: Callable[[], Awaitable[Response]]
+) -> Response:
+    """``handler``'s response, any failure answered in the one error shape, both counted."""
+    started = time.perf_counter()
+    code = OK_CODE
+    try:
+        response = await handler()
+    except Exception as exc:
+        if not isinstance(exc, ApiError):  # the gateway's own refusals and the registry's
+            # A bug or an unforeseen failure still answers in the one error shape; the
+            # traceback goes to the log, not to the caller.
+            log.exception("unexpected failure while serving a request")
+            exc = GatewayError("internal gateway error; see its log")
+        code = exc.code
+        response = error_response(exc)
+    gateway.metrics.observe(outcome.task, response.status_code, code, time.perf_counter() - started)
+    return response
+
+
+def served_by(reply: AnyReplyOk) -> dict[str, str]:
+    return {
+        "X-Taskfleet-Epoch": str(reply.epoch),
+        "X-Taskfleet-Model": reply.model_key,
+        "X-Request-Id": reply.request_id,
+    }
