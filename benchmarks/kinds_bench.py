@@ -49,7 +49,7 @@ class Bench:
     def task(self, name: str) -> None:
         """The built-in suite, registered through the user's path, and its task."""
         from registry.errors import AlreadyExists
-        from taskfleet.suites import ensure_suite
+        from taskfleet.suite_registration import ensure_suite
 
         ensure_suite(self.reg, name, data_root=self.data_root, mteb_dir=self.home / "suites")
         with contextlib.suppress(AlreadyExists):  # another stage of this benchmark added it

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.common import REPO, cpu_seconds
 from evals.report import machine_description
-from serving.placements import model_key
+from serving.publisher import model_key
 from testbed.declared_tasks import add_task
 from testbed.faults.counting import Call, CountingClient, Tally
 from testbed.faults.reference import Reference

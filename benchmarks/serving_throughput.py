@@ -72,8 +72,8 @@ def start_stack(
 ) -> subprocess.Popen[bytes]:
     """`taskfleet up` serving TASK with MiniLM, or with its ``variant`` (onnx, onnx-int8)."""
     from registry import Registry
-    from taskfleet.suites import ensure_suite
-    from taskfleet.variants import build_variant
+    from taskfleet.suite_registration import ensure_suite
+    from taskfleet.variant_builder import build_variant
 
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     data_dir = os.environ.get("TASKFLEET_DATA_DIR")

@@ -27,7 +27,7 @@ from evals.report import machine_description
 from evals.runner import EvalPaths, run_eval
 from registry import Registry
 from registry.entities import EvalRun
-from taskfleet.variants import build_variant
+from taskfleet.variant_builder import build_variant
 
 TASK = "german-legal-retrieval"
 VARIANTS = ("onnx", "onnx-int8")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts", actor="bench"
     )
     data_dir = os.environ.get("TASKFLEET_DATA_DIR")
-    from taskfleet.suites import ensure_suite
+    from taskfleet.suite_registration import ensure_suite
 
     ensure_suite(reg, TASK, data_root=Path(data_dir) if data_dir else None, mteb_dir=home)
     if not any(t.name == TASK for t in reg.list_tasks()):  # a --home of an earlier run: reuse

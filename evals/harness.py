@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from evals.beir import RetrievalSplit
 from evals.classification_data import ClassificationSplit
 from evals.errors import CandidateError, SplitLeakError, SuiteDataError
-from evals.metrics import max_depth, mean_scores, per_query_scores
+from evals.ranking_metrics import max_depth, mean_scores, per_query_scores
 from evals.readers import SuiteData
 from evals.rerank_data import RerankSplit
 from evals.retrievers import ProgressFn, RetrievalOutput, no_progress

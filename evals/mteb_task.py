@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.beir import RetrievalSplit
-from evals.metrics import parse_metric
+from evals.ranking_metrics import parse_metric
 from evals.suites import SuiteSpec
 
 

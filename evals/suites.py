@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from evals import readers
 from evals.errors import SuiteDataError, UnknownSuite
-from evals.metrics import parse_metric
+from evals.ranking_metrics import parse_metric
 from registry.fingerprint import file_sha256
 
 if TYPE_CHECKING:

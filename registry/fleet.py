@@ -1,6 +1,6 @@
 """The fleet as last reported: worker heartbeats mirrored into the database.
 
-The fleet watcher (``serving/fleet.py``) is the only caller of the write methods; it copies
+The fleet watcher (``serving/fleet_watcher.py``) is the only caller of the write methods; it copies
 NATS KV ``workers`` here so the dashboard and ``taskfleet placement ls`` can compare desired
 and reported placement epochs from the database alone, also while NATS is down.
 """

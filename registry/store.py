@@ -32,8 +32,8 @@ UNSET = "\0unset"
 
 #: Writes the ``variant`` of the model folder ``source`` into ``target`` and returns the manifest
 #: it wrote (``dims``, ``max_seq_length``, ...): (source, target, variant, source sha256).
-#: Refusals are ``InvalidInput``. The shell passes one (``taskfleet.variants.build_variant``):
-#: the registry imports no serving code.
+#: Refusals are ``InvalidInput``. The shell passes one
+#: (``taskfleet.variant_builder.build_variant``): the registry imports no serving code.
 VariantBuilder = Callable[[Path, Path, str, str], Mapping[str, Any]]
 
 
@@ -116,7 +116,7 @@ class WorkerReportSink(ABC):
 
 
 class PublisherStore(CatalogReader, PlacementOutbox, KeyDigestSource):
-    """What the placement and directory publisher reads (``serving/placements.py``,
+    """What the placement and directory publisher reads (``serving/publisher.py``,
     ``serving/directory.py``)."""
 
 

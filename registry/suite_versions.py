@@ -6,7 +6,7 @@ no-op that returns that version; anything else becomes the next version. Tasks b
 by name and are scored on its newest version, so a changed folder never mixes with the old one.
 
 Declaring a suite (reading a folder through its kind's reader, fingerprinting it) is
-``evals/suites.py``; the shell joins the two in ``taskfleet/suites.py``.
+``evals/suites.py``; the shell joins the two in ``taskfleet/suite_registration.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``derive_model`` has an embedding base model built as ONNX (``onnx``) or as ONNX with int8
 weights (``onnx-int8``), stores the folder content-addressed like an adapter, and records it as
 a base model whose ``source`` is the model it came from. The build is the caller's
-``VariantBuilder`` (the shell passes ``taskfleet.variants.build_variant``, which runs
+``VariantBuilder`` (the shell passes ``taskfleet.variant_builder.build_variant``, which runs
 serving/runtime/onnx_variant.py): the registry imports no serving code, as it reads no suite
 folders. ``add_variant_candidate`` then adds it to a task as an ordinary embedding
 candidate: it is evaluated like any other, and only a promotion puts it on the fleet

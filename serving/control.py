@@ -23,10 +23,10 @@ from nats.errors import Error as NatsError
 
 from registry.store import ControlLoopStore
 from serving.connection import NatsTarget, connect_forever, nats_options
-from serving.fleet import FleetWatcher
+from serving.fleet_watcher import FleetWatcher
 from serving.leader import LeaderLock, new_holder_id
 from serving.nats_layout import LEADER_TTL_S, WORKERS_TTL_S, ensure_layout
-from serving.placements import PlacementPublisher
+from serving.publisher import PlacementPublisher
 
 log = logging.getLogger("taskfleet.control")
 

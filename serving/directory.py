@@ -1,7 +1,7 @@
 """KV ``directory``: what gateways need from the registry, published so they never read it.
 
 The leading control plane (``serving/control.py``, through the publisher in
-``serving/placements.py``) writes, for every task ``task.<name>`` (its kind and per-text
+``serving/publisher.py``) writes, for every task ``task.<name>`` (its kind and per-text
 limits) and for every API key ``key.<prefix>`` (name, sha256 of the token, roles, task list,
 quotas, revoked or not: never a usable key), then ``meta`` last. A gateway watches the bucket
 (``serving/gateway/view.py``): it authenticates from these records, tells an unknown task

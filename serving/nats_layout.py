@@ -49,7 +49,7 @@ DLQ_SUBJECT_PREFIX = _DLQ.subject_prefix
 PLACEMENTS_BUCKET = _KV.placements.bucket
 WORKERS_BUCKET = _KV.workers.bucket
 PAYLOADS_BUCKET = NATS.object_stores.payloads.bucket
-# Base models and adapters by content (serving/artifacts.py): kept until deleted, no TTL.
+# Base models and adapters by content (serving/artifact_source.py): kept until deleted, no TTL.
 ARTIFACTS_BUCKET = NATS.object_stores.artifacts.bucket
 # The control planes' leader lock (serving/leader.py) and what the leader publishes for gateways
 # (serving/directory.py): tasks and API-key digests, so no gateway reads the database.

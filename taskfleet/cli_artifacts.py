@@ -15,7 +15,7 @@ from taskfleet.context import open_registry
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from serving.artifacts import Collected
+    from serving.artifact_source import Collected
 
 artifacts_app = typer.Typer(
     help="Models and adapters in the artifact source (what workers fetch).", no_args_is_help=True
@@ -38,8 +38,8 @@ def gc(
     """Remove from the artifact source every model and adapter no candidate uses, and every
     file no kept artifact names. What any candidate uses stays (a rollback may need it again);
     manifests go before their files, so a worker never sees half an artifact."""
-    from serving.artifacts import collect_garbage
-    from serving.artifacts_s3 import bucket_for
+    from serving.artifact_source import collect_garbage
+    from serving.artifact_source_s3 import bucket_for
     from serving.nats_layout import ensure_layout
 
     source = artifact_source()

@@ -70,7 +70,7 @@ def nats_url_or_none() -> str | None:
 def artifact_source(given: str | None = None) -> str | None:
     """The artifact source (``given``, else TASKFLEET_ARTIFACT_SOURCE): None for the NATS
     object store, else an s3:// URL whose credentials are in the environment."""
-    from serving.artifacts_s3 import ArtifactSourceError, check_source
+    from serving.artifact_source_s3 import ArtifactSourceError, check_source
 
     try:
         return check_source(given or get_settings().artifact_source)
@@ -122,9 +122,9 @@ def placement_set(
     reason: str = typer.Option("", "--reason", help="Why (recorded in the promotion history)."),
 ) -> None:
     """Change how the champion of TASK is served (a new epoch), then publish it if NATS is up."""
-    from serving.artifacts_s3 import bucket_for
+    from serving.artifact_source_s3 import bucket_for
     from serving.nats_layout import ensure_layout
-    from serving.placements import (
+    from serving.publisher import (
         PlacementError,
         placement_value,
         put_placement,

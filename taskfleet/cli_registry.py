@@ -22,7 +22,7 @@ from registry.limits import (
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
-from taskfleet.variants import build_variant
+from taskfleet.variant_builder import build_variant
 
 if TYPE_CHECKING:
     from registry import Registry
@@ -77,7 +77,7 @@ def task_add(
     """Register a task bound to a suite. Gateways refuse (413) any text above the task's
     per-text limits before it is queued; `taskfleet task set` changes them later."""
     from taskfleet.cli_suite import mteb_dir, print_registered
-    from taskfleet.suites import ensure_suite
+    from taskfleet.suite_registration import ensure_suite
 
     reg = open_registry()
     suite_name = suite or name

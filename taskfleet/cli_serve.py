@@ -69,8 +69,8 @@ def serve(
     from serving.control import ControlLoops
     from taskfleet.cli_fleet import artifact_source, nats_url_or_none
     from taskfleet.stack import QuietServer
-    from taskfleet.suites import rest_suite_reader
-    from taskfleet.variants import build_variant
+    from taskfleet.suite_registration import rest_suite_reader
+    from taskfleet.variant_builder import build_variant
 
     edge = server_edge(
         host,

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
-from taskfleet.suites import Registered, SuiteDeclaration, register_suite
+from taskfleet.suite_registration import Registered, SuiteDeclaration, register_suite
 
 out = console()
 suite_app = typer.Typer(

@@ -381,8 +381,8 @@ async def run_stack(
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
         control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
-        from taskfleet.suites import rest_suite_reader
-        from taskfleet.variants import build_variant
+        from taskfleet.suite_registration import rest_suite_reader
+        from taskfleet.variant_builder import build_variant
 
         control = create_app(
             registry,

@@ -20,9 +20,9 @@ from registry import Registry
 from registry import entities as e
 from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
-from serving.fleet import FleetWatcher, decode_heartbeat
+from serving.fleet_watcher import FleetWatcher, decode_heartbeat
 from serving.nats_layout import ensure_layout
-from serving.placements import PlacementPublisher
+from serving.publisher import PlacementPublisher
 from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
 from testbed.declared_tasks import add_task
 

@@ -33,7 +33,6 @@ from registry import Registry
 from serving import nats_layout
 from serving.embedded_nats import free_port
 from serving.gateway import GatewaySettings, create_gateway
-from serving.placements import publish_everything
 from serving.protocol import (
     ErrorInfo,
     PayloadRef,
@@ -46,6 +45,7 @@ from serving.protocol import (
     pack,
     unpack,
 )
+from serving.publisher import publish_everything
 from testbed.declared_tasks import add_task
 from tests.nats_fixture import running_nats
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import nats
 
-from serving.artifacts import build_manifest, file_object, manifest_object, upload
+from serving.artifact_source import build_manifest, file_object, manifest_object, upload
 from serving.nats_layout import ensure_layout
 from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
 from testbed.tiny_model import build_tiny_adapter, build_tiny_model
@@ -130,7 +130,7 @@ def test_a_placement_whose_weights_changed_is_not_published(tmp_path: Path) -> N
     otherwise the placement stays unpublished (the outbox reports why), never half-served."""
     from registry import Registry
     from serving.embedded_nats import EmbeddedNats
-    from serving.placements import publish_pending
+    from serving.publisher import publish_pending
 
     model = build_tiny_model(tmp_path / "model", seed=5)
     server = EmbeddedNats(tmp_path / "nats").start()

@@ -10,7 +10,7 @@ from pathlib import Path
 import nats
 
 from registry import Registry
-from serving.artifacts import (
+from serving.artifact_source import (
     NatsBucket,
     build_manifest,
     collect_garbage,

@@ -22,8 +22,8 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from serving.artifacts import manifest_object
-from serving.artifacts_s3 import ArtifactSourceError, S3Location, check_source
+from serving.artifact_source import manifest_object
+from serving.artifact_source_s3 import ArtifactSourceError, S3Location, check_source
 from serving.embedded_nats import free_port
 from serving.nats_layout import ensure_layout
 from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until

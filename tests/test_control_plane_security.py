@@ -35,7 +35,7 @@ from registry.api import create_app
 from registry.fingerprint import tree_sha256
 from registry.models import CandidateRow, PlacementRow, TaskRow
 from registry.throttle import LoginThrottle, RateLimited
-from serving.artifacts import build_manifest
+from serving.artifact_source import build_manifest
 from serving.embedded_nats import free_port
 from serving.httpserver import BindRefused, allowed_hosts, check_bind, http_config
 from testbed.declared_tasks import add_task, declare_suite

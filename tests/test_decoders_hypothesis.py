@@ -32,10 +32,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving import protocol as p
-from serving.fleet import decode_heartbeat
+from serving.fleet_watcher import decode_heartbeat
 from serving.gateway import GatewaySettings
 from serving.gateway.bodies import (
-    EmbedRequest,
+    EmbedBody,
     Format,
     decode_map,
     parse_embed_body,
@@ -105,7 +105,7 @@ def encodable(text: str) -> bool:
     return True
 
 
-def parse_task_request(body: bytes, fmt: Format) -> EmbedRequest:
+def parse_task_request(body: bytes, fmt: Format) -> EmbedBody:
     """What the gateway parses for a retrieval task's `POST /v1/tasks/{task}`."""
     return parse_embed_body(decode_map(body, fmt), max_inputs=2048)
 

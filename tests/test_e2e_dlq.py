@@ -17,7 +17,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from serving.artifacts import build_manifest, file_object
+from serving.artifact_source import build_manifest, file_object
 from serving.client import Client, TaskfleetError
 from serving.nats_layout import ensure_layout
 from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from serving.client import Client
-from serving.placements import model_key
+from serving.publisher import model_key
 from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
 from testbed.tiny_model import build_tiny_model
 

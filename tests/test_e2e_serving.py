@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from serving.client import Client
-from taskfleet.variants import build_variant
+from taskfleet.variant_builder import build_variant
 from testbed.declared_tasks import add_task
 from testbed.fleet import LocalFleet, register_served_task, unique_task
 

@@ -12,7 +12,7 @@ import pytest
 from evals.beir import load_split
 from evals.errors import SplitLeakError, SuiteDataError, UnknownSuite
 from evals.harness import check_split_allowed, evaluate
-from evals.metrics import per_query_scores
+from evals.ranking_metrics import per_query_scores
 from evals.retrievers import BM25Retriever, tokenize_german
 from evals.suites import DEFAULT_DATA_ROOT, beir_suite, builtin_spec
 from registry.bootstrap import bootstrap_ci, paired_difference_ci

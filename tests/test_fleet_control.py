@@ -16,9 +16,9 @@ from registry import Registry
 from registry import entities as e
 from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats
-from serving.fleet import FleetWatcher
+from serving.fleet_watcher import FleetWatcher
 from serving.nats_layout import ensure_layout
-from serving.placements import (
+from serving.publisher import (
     PlacementPublisher,
     decode_placement,
     model_key,

@@ -30,7 +30,7 @@ from serving import nats_layout
 from serving.directory import KEY_PREFIX, META_KEY, TASK_PREFIX, publish_directory
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
-from serving.placements import PlacementPublisher
+from serving.publisher import PlacementPublisher
 from testbed.declared_tasks import add_task, declare_suite
 from tests.gateway_fixture import (
     BackgroundLoop,

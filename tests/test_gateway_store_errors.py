@@ -25,7 +25,7 @@ from registry.errors import DatabaseError
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from serving.nats_layout import ensure_layout
-from serving.placements import PlacementPublisher, decode_placement
+from serving.publisher import PlacementPublisher, decode_placement
 from testbed.postgres import PostgresServer
 from tests.gateway_fixture import (
     BackgroundLoop,

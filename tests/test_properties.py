@@ -23,7 +23,7 @@ from registry.api import create_app
 from registry.placements import MAX_REPLICAS
 from registry.throttle import LoginThrottle
 from serving import protocol as p
-from serving.placements import decode_placement
+from serving.publisher import decode_placement
 from tests.test_dashboard_pages import (
     CHALLENGER,
     CHAMPION,

@@ -23,7 +23,7 @@ from starlette.routing import Mount
 from httpapi.errors import ErrorCode
 from registry import Registry
 from registry.api import create_app
-from taskfleet.suites import rest_suite_reader
+from taskfleet.suite_registration import rest_suite_reader
 from testbed.declared_tasks import add_task
 from tests.gateway_fixture import Stack
 from tests.kinds_fixture import build_classification

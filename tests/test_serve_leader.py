@@ -29,7 +29,7 @@ from registry import Registry
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.leader import LEADER_KEY, LeaderRecord
 from serving.nats_layout import LEADER_BUCKET, LEADER_TTL_S, PLACEMENTS_BUCKET, ensure_layout
-from serving.placements import decode_placement
+from serving.publisher import decode_placement
 from testbed.declared_tasks import add_task
 from testbed.fleet import unique_task, wait_until
 from tests.nats_fixture import running_nats

@@ -185,9 +185,9 @@ def test_the_narrow_views_are_what_their_callers_use() -> None:
     from registry import store as s
 
     callers = {
-        "serving/placements.py": s.PublisherStore,
+        "serving/publisher.py": s.PublisherStore,
         "serving/directory.py": s.PublisherStore,
-        "serving/fleet.py": s.WorkerReportSink,
+        "serving/fleet_watcher.py": s.WorkerReportSink,
         "evals/runner.py": s.EvalStore,
     }
     for rel, view in callers.items():

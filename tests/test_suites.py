@@ -15,7 +15,7 @@ from evals.suites import declare
 from registry import InvalidInput, NotFound, Registry
 from registry.api import create_app
 from registry.entities import EvalRunCreate
-from taskfleet.suites import rest_suite_reader
+from taskfleet.suite_registration import rest_suite_reader
 from testbed.declared_tasks import declare_suite, fake_fingerprint
 from tests.beir_fixture import build_beir
 from tests.evalrun_fixture import QUERIES, record_run

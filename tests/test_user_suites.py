@@ -22,7 +22,7 @@ from evals.errors import SuiteDataError
 from evals.tracking import key_problem, log_eval_run, per_class_metric
 from registry import Registry
 from registry.api import create_app
-from taskfleet.suites import rest_suite_reader
+from taskfleet.suite_registration import rest_suite_reader
 from tests.beir_fixture import build_beir
 from tests.kinds_fixture import build_classification, build_rerank
 

@@ -19,7 +19,7 @@ from evals.suites import declare
 from registry import InvalidInput, Registry
 from registry.fingerprint import tree_sha256
 from registry.runtimes import MODEL_VARIANTS
-from taskfleet.variants import build_variant
+from taskfleet.variant_builder import build_variant
 from testbed.declared_tasks import add_task
 from testbed.tiny_model import build_tiny_head
 from tests.evalrun_fixture import record_run

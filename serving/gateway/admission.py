@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from serving.directory import KeyRecord
-from serving.gateway.dispatch import TaskRequest
+from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import PayloadTooLarge, RateLimited
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.quotas import Quotas, bucket_size
@@ -46,7 +46,7 @@ class Admission:
             )
 
     def charge_tokens(
-        self, key: KeyRecord | None, request: TaskRequest, placement: PlacementValue
+        self, key: KeyRecord | None, request: TaskBody, placement: PlacementValue
     ) -> int:
         """The request's estimated tokens, taken from the key's token bucket; 429 when the
         bucket holds too few now, 413 when it never could."""

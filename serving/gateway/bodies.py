@@ -115,7 +115,7 @@ def request_doc(schema: dict[str, Any], formats: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class EmbedRequest:
+class EmbedBody:
     inputs: list[str]
     kind: TextKind
     field: str = "inputs"  # what the caller's body calls the inputs, for messages
@@ -274,18 +274,16 @@ def check_fields(obj: dict[str, Any], allowed: set[str], required: tuple[str, ..
             raise BadRequest(f"missing field '{name}'")
 
 
-def parse_embed_body(obj: dict[str, Any], max_inputs: int) -> EmbedRequest:
+def parse_embed_body(obj: dict[str, Any], max_inputs: int) -> EmbedBody:
     """``{"inputs": [str] | str, "kind": "query" | "passage"}`` (kind optional)."""
     check_fields(obj, {"inputs", "kind"}, ("inputs",))
-    return EmbedRequest(
-        check_inputs(obj["inputs"], "inputs", max_inputs), check_kind(obj.get("kind"))
-    )
+    return EmbedBody(check_inputs(obj["inputs"], "inputs", max_inputs), check_kind(obj.get("kind")))
 
 
 @dataclass(frozen=True)
 class OpenAIRequest:
     task: str
-    request: EmbedRequest
+    request: EmbedBody
     encoding_format: str
 
 
@@ -307,7 +305,7 @@ def parse_openai_request(body: bytes, max_inputs: int) -> OpenAIRequest:
         raise BadRequest(f"'encoding_format' must be 'float' or 'base64'; got {shown(encoding)}")
     if obj.get("dimensions") is not None:
         raise BadRequest("'dimensions' is not supported: a task's model has fixed dimensions")
-    request = EmbedRequest(
+    request = EmbedBody(
         check_inputs(raw, "input", max_inputs), check_kind(obj.get("kind")), field="input"
     )
     return OpenAIRequest(task=model, request=request, encoding_format=encoding)

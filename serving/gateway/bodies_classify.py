@@ -25,7 +25,7 @@ from serving.protocol import ClassifyPayload, ClassifyReplyOk, PayloadRef, inlin
 
 
 @dataclass(frozen=True)
-class ClassifyRequest:
+class ClassifyBody:
     inputs: list[str]
     field: str = "inputs"  # what the caller's body calls the inputs, for messages
 
@@ -45,10 +45,10 @@ class ClassifyRequest:
         return estimate_tokens(self.inputs, max_seq_length)
 
 
-def parse_classify_body(obj: dict[str, Any], max_inputs: int) -> ClassifyRequest:
+def parse_classify_body(obj: dict[str, Any], max_inputs: int) -> ClassifyBody:
     """``{"inputs": [str] | str}``: label probabilities per input."""
     check_fields(obj, {"inputs"}, ("inputs",))
-    return ClassifyRequest(check_inputs(obj["inputs"], "inputs", max_inputs))
+    return ClassifyBody(check_inputs(obj["inputs"], "inputs", max_inputs))
 
 
 def classify_response(reply: ClassifyReplyOk, fmt: Format) -> bytes:
@@ -64,7 +64,7 @@ def classify_response(reply: ClassifyReplyOk, fmt: Format) -> bytes:
 @dataclass(frozen=True)
 class ClassifyApiRequest:
     task: str
-    request: ClassifyRequest
+    request: ClassifyBody
 
 
 def classify_request_doc(max_inputs: int) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def parse_classify_api(body: bytes, max_inputs: int) -> ClassifyApiRequest:
     if raw_scores:
         raise BadRequest("'raw_scores' is not supported: scores are label probabilities")
     inputs = check_inputs(obj["input"], "input", max_inputs)
-    return ClassifyApiRequest(model, ClassifyRequest(inputs, field="input"))
+    return ClassifyApiRequest(model, ClassifyBody(inputs, field="input"))
 
 
 def classify_api_response(

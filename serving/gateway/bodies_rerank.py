@@ -27,7 +27,7 @@ from serving.protocol import PayloadRef, ScorePayload, ScoreReplyOk, inline_data
 
 
 @dataclass(frozen=True)
-class RerankRequest:
+class RerankBody:
     query: str
     documents: list[str]
 
@@ -62,10 +62,10 @@ def check_query(value: Any) -> str:
     return value
 
 
-def parse_rerank_body(obj: dict[str, Any], max_inputs: int) -> RerankRequest:
+def parse_rerank_body(obj: dict[str, Any], max_inputs: int) -> RerankBody:
     """``{"query": str, "documents": [str]}``: one score per document, in input order."""
     check_fields(obj, {"query", "documents"}, ("query", "documents"))
-    return RerankRequest(
+    return RerankBody(
         check_query(obj["query"]), check_inputs(obj["documents"], "documents", max_inputs)
     )
 
@@ -81,7 +81,7 @@ def rerank_response(reply: ScoreReplyOk, fmt: Format) -> bytes:
 @dataclass(frozen=True)
 class CohereRerank:
     task: str
-    request: RerankRequest
+    request: RerankBody
     top_n: int | None
     return_documents: bool
 
@@ -140,7 +140,7 @@ def parse_cohere_rerank(body: bytes, max_inputs: int) -> CohereRerank:
     return_documents = obj.get("return_documents", False)
     if not isinstance(return_documents, bool):
         raise BadRequest("'return_documents' must be true or false")
-    request = RerankRequest(check_query(obj["query"]), check_inputs(raw, "documents", max_inputs))
+    request = RerankBody(check_query(obj["query"]), check_inputs(raw, "documents", max_inputs))
     return CohereRerank(model, request, top_n, return_documents)
 
 

@@ -21,7 +21,7 @@ from httpapi.handlers import error_response
 from serving import nats_layout
 from serving.directory import KeyRecord, TaskRecord
 from serving.gateway.access import Gateway
-from serving.gateway.dispatch import TaskRequest
+from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import (
     BadRequest,
     Forbidden,
@@ -145,7 +145,7 @@ async def queue_call(
     gateway: Gateway,
     record: TaskRecord,
     placement: PlacementValue | None,
-    parsed: TaskRequest,
+    parsed: TaskBody,
     key: KeyRecord | None,
     call: CallHeaders,
 ) -> AnyReplyOk:

@@ -34,9 +34,9 @@ from nats.js.errors import NoStreamResponseError, NotFoundError
 from contract import HEADERS
 from serving import nats_layout
 from serving.connection import NatsTarget, nats_options
-from serving.gateway.bodies import EmbedRequest
-from serving.gateway.bodies_classify import ClassifyRequest
-from serving.gateway.bodies_rerank import RerankRequest
+from serving.gateway.bodies import EmbedBody
+from serving.gateway.bodies_classify import ClassifyBody
+from serving.gateway.bodies_rerank import RerankBody
 from serving.gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -61,7 +61,7 @@ from serving.protocol import (
 # Who served a task when a request was queued: worker id -> its process start time.
 Incarnations = dict[str, int | None]
 # What a request of each task kind asks for; each knows its queue payload and reply type.
-TaskRequest = EmbedRequest | RerankRequest | ClassifyRequest
+TaskBody = EmbedBody | RerankBody | ClassifyBody
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class Dispatcher:
     async def submit(
         self,
         task: str,
-        request: TaskRequest,
+        request: TaskBody,
         *,
         timeout_s: float,
         priority: int,

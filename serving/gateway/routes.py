@@ -28,7 +28,7 @@ from serving.gateway.checks import (
     served_by,
     stock_task,
 )
-from serving.gateway.dispatch import TaskRequest
+from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import Unavailable
 from serving.gateway.metrics import check_scraper
 from serving.protocol import ClassifyReplyOk, ScoreReplyOk
@@ -57,7 +57,7 @@ async def call_task(task: str, request: Request, gateway: GatewayDep) -> Respons
         obj = bodies.decode_map(body, fmt)
         record, placement = find_task(gateway, task, key, outcome)
         limit = settings.max_inputs
-        parsed: TaskRequest
+        parsed: TaskBody
         if record.kind == "rerank":
             parsed = bodies_rerank.parse_rerank_body(obj, limit)
         elif record.kind == "classification":

@@ -51,7 +51,7 @@ class PlacementValue:
     candidate: str
     model_key: str
     # The weights by content: a worker fetches what its cache lacks from the object store
-    # `artifacts` and loads only what hashes to these digests (serving/artifacts.py).
+    # `artifacts` and loads only what hashes to these digests (serving/artifact_source.py).
     base: Artifact
     adapter: Artifact | None
     query_prefix: str

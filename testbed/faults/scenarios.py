@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serving.placements import model_key
+from serving.publisher import model_key
 from testbed.faults.counting import PROTOCOLS, Call, CountingClient, Protocol, Tally
 from testbed.faults.injectors import (
     Window,

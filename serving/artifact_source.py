@@ -3,8 +3,8 @@ source before it publishes a placement that names them; workers fetch what their
 (``sidecar/src/artifacts.rs``) and load only what hashes to the placement's digest.
 
 Sources (``ArtifactBucket``): the NATS object store ``artifacts`` (default, ``NatsBucket``) or an
-S3-compatible bucket URL ``s3://bucket/prefix`` (``serving/artifacts_s3.py``); both hold the same
-objects, under the prefix in S3.
+S3-compatible bucket URL ``s3://bucket/prefix`` (``serving/artifact_source_s3.py``); both hold the
+same objects, under the prefix in S3.
 
 Layout of the bucket (format ``tree-v1``, docs/protocol.md): object ``file.<sha256>`` holds one
 file's bytes (shared by every artifact with that file: adapters of one base share nothing big,

@@ -27,8 +27,8 @@ from registry import RegistryError
 from registry import entities as e
 from registry.store import CatalogReader, PublisherStore
 from serving import protocol as p
-from serving.artifacts import ArtifactBucket, ArtifactMismatch, upload
-from serving.artifacts_s3 import bucket_for
+from serving.artifact_source import ArtifactBucket, ArtifactMismatch, upload
+from serving.artifact_source_s3 import bucket_for
 from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
 from serving.nats_layout import check_task_name, ensure_layout

@@ -20,7 +20,7 @@ from typing import Any
 
 from nats.js.object_store import ObjectStore
 
-from serving.artifacts import ArtifactBucket, NatsBucket, StoredObject
+from serving.artifact_source import ArtifactBucket, NatsBucket, StoredObject
 
 S3_SCHEME = "s3://"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
