@@ -16,9 +16,9 @@ The gateway needs NATS only: keys and tasks (with their kind) come from KV ``dir
 placements from KV ``placements`` (both published by the leading control plane, followed in
 ``serving/gateway/view.py``), live workers from KV ``workers``. No database on the hot path.
 
-This module only assembles the app: the parts every route is given (``access.Gateway``), the
-routers of plain handlers (``routes.py``), the checks in the order above (``access.py`` for the
-caller, ``checks.py`` for the rest, ``bodies*.py`` for what a body holds).
+This module only assembles the app: the parts every route is given (``parts.Gateway``), the
+routers of plain handlers (``routes.py``), the checks in the order above (``checks.py``;
+``bodies*.py`` for what a body holds).
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ from fastapi import FastAPI
 from httpapi.docs import mount_docs
 from httpapi.handlers import ERROR_RESPONSES, install_error_handlers
 from serving.connection import NatsTarget
-from serving.gateway.access import Gateway
 from serving.gateway.admission import Admission
 from serving.gateway.dispatch import Dispatcher, DispatchSettings
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.parts import Gateway, GatewaySettings
 from serving.gateway.routes import call_router, ops_router
-from serving.gateway.settings import GatewaySettings
 
 __all__ = ["GatewaySettings", "create_gateway"]
 

@@ -1,9 +1,9 @@
-"""The checks a call goes through once its caller is known, in the order ``app.py`` lists, and
-the queueing of a call that passed them all.
+"""The checks a call goes through, in the order ``app.py`` lists, and the queueing of a call
+that passed them all.
 
-Plain functions of the :class:`~serving.gateway.access.Gateway` they are given: the task's
-record and placement come from the published view (never the registry), live workers and
-epochs from the dispatcher, quotas from admission.
+Plain functions of the :class:`~serving.gateway.parts.Gateway` they are given: the caller's API
+key, the task's record and placement come from the published view (never the registry), live
+workers and epochs from the dispatcher, quotas from admission.
 """
 
 from __future__ import annotations
@@ -18,23 +18,28 @@ from fastapi.responses import Response
 
 from httpapi.errors import ApiError, shown
 from httpapi.handlers import error_response
+from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
 from serving.directory import KeyRecord, TaskRecord
-from serving.gateway.access import Gateway
 from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
     PayloadTooLarge,
+    Unauthenticated,
     Unavailable,
     UnknownTask,
 )
 from serving.gateway.headers import CallHeaders, call_headers
 from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL
+from serving.gateway.parts import Gateway
 from serving.protocol import AnyReplyOk, PlacementValue
 
 log = logging.getLogger(__name__)
+
+# Roles whose keys may call tasks: `caller` keys exist for applications; `admin` can do anything.
+CALL_ROLES = frozenset({"caller", "admin"})
 
 # The stock-client endpoint of each task kind.
 KIND_ENDPOINT = {
@@ -52,6 +57,38 @@ class Outcome:
     """What the metrics of one request need to know, filled in as the request goes."""
 
     task: str = UNKNOWN_TASK_LABEL
+
+
+def find_key(gateway: Gateway, token: str) -> KeyRecord:
+    """The published record of ``token``'s key (digest, roles, tasks), or 401."""
+    prefix = key_prefix(token)
+    if prefix is None:
+        raise Unauthenticated("malformed API key")
+    view = gateway.view
+    if not view.directory_published:
+        raise gateway.not_ready("API keys")
+    record = view.keys.get(prefix)
+    if record is None:
+        raise Unauthenticated("unknown API key")
+    if record.revoked or record.secret_hash is None:
+        raise Unauthenticated(f"API key {record.name!r} was revoked")
+    if not token_matches(token, record.secret_hash):
+        raise Unauthenticated("unknown API key")
+    return record
+
+
+def authenticate(gateway: Gateway, request: Request) -> KeyRecord | None:
+    """The caller's key, within its request quota; None when auth is off."""
+    if not gateway.settings.require_auth:
+        return None
+    token = bearer_token(request.headers.get("authorization"))
+    if token is None:
+        raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+    key = find_key(gateway, token)
+    if not CALL_ROLES & set(key.roles):
+        raise Forbidden(f"API key {key.name!r} has none of the roles caller, admin")
+    gateway.admission.charge_request(key)
+    return key
 
 
 def headers_of(gateway: Gateway, request: Request) -> CallHeaders:

@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse, Response
 
 from httpapi.handlers import error_response
 from serving.gateway import bodies, bodies_classify, bodies_rerank
-from serving.gateway.access import Gateway, authenticate, gateway_of
 from serving.gateway.checks import (
     Outcome,
+    authenticate,
     find_task,
     headers_of,
     measured,
@@ -31,6 +31,7 @@ from serving.gateway.checks import (
 from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import Unavailable
 from serving.gateway.metrics import check_scraper
+from serving.gateway.parts import Gateway, gateway_of
 from serving.protocol import ClassifyReplyOk, ScoreReplyOk
 
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
