@@ -5,6 +5,10 @@ length and cut into forward passes whose padded size stays under ``max_batch_tok
 padding stays under ``max_padding`` of it (``plan_batches``); each pass is a slice of that one
 tokenisation, so no text is tokenised twice. A (query, passage) pair is encoded as one sequence
 (a cross-encoder's input) and counts both texts.
+
+Before any tokeniser runs, a text is cut to what the model can read (``cut_text``:
+``CHARS_PER_TOKEN`` characters per token it reads), so the work of one text is bounded however
+long it is; the sidecar cuts by the same rule (sidecar/src/worker/tokens.rs).
 """
 
 from __future__ import annotations
@@ -93,6 +97,26 @@ DEFAULT_MAX_PADDING = 0.10
 #: Texts tokenised (and planned) together: the runtime's requests fit in one chunk (the gateway
 #: takes at most 2048 texts); an eval corpus is encoded chunk by chunk.
 TOKENISE_CHUNK = 4096
+#: Characters of a text kept per token the model reads, before any tokeniser runs. A model
+#: reading N tokens sees at most the first N word pieces, and a word piece spans few characters
+#: (GerLayQA through MiniLM's tokenizer: 2.8 on average, at most 4.8 over a text's first 256
+#: pieces), so N x 16 characters hold every piece a model reads of normal text while a 30 MB
+#: text costs the tokeniser 4096 characters (MiniLM, N = 256). The same number is in
+#: sidecar/src/worker/tokens.rs (a test keeps them equal).
+CHARS_PER_TOKEN = 16
+
+
+def cut_text(text: str, tokens: int) -> str:
+    """The start of ``text`` a model reading ``tokens`` tokens can see: ``tokens x
+    CHARS_PER_TOKEN`` characters (code points). Cutting twice is cutting once. A text whose
+    first ``tokens`` pieces span more characters on average (long runs of whitespace, or words
+    the tokenizer reads as one ``[UNK]``) loses pieces the model would have read."""
+    limit = tokens * CHARS_PER_TOKEN
+    return text if len(text) <= limit else text[:limit]
+
+
+def cut_texts(texts: Sequence[str], tokens: int) -> list[str]:
+    return [cut_text(t, tokens) for t in texts]
 
 
 def plan_batches(
@@ -174,7 +198,8 @@ class Encoder:
         if not texts:  # the tokenizer raises IndexError on an empty list
             return []
         tok = self.model.tokenizer
-        enc = tok(list(texts), truncation=True, max_length=self.max_seq_length, padding=False)
+        cut = cut_texts(texts, self.max_seq_length)
+        enc = tok(cut, truncation=True, max_length=self.max_seq_length, padding=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def pair_token_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
@@ -201,7 +226,7 @@ class Encoder:
         # Planned in chunks, so that one padded tokenisation of a whole eval corpus is never
         # held at once (a chunk is at most TOKENISE_CHUNK x max_seq_length ids).
         for start in range(0, len(prepared), TOKENISE_CHUNK):
-            chunk = list(prepared[start : start + TOKENISE_CHUNK])
+            chunk = cut_texts(prepared[start : start + TOKENISE_CHUNK], self.max_seq_length)
             for indices, vectors, stats in self._iter_chunk(chunk, start, around_pass):
                 yield [start + i for i in indices], vectors, stats
 
@@ -357,16 +382,21 @@ class PairTokenizer:
         self._ids: dict[str, tuple[int, list[int]]] = {}
 
     def add_texts(self, texts: Sequence[str]) -> None:
-        """Tokenise the texts not seen yet; keep each one's full length (the truncation rule
-        compares them) and its first ``max_length`` word pieces (a pair never keeps more)."""
+        """Tokenise the texts not seen yet, each cut first (``cut_text``); keep each one's
+        length (the truncation rule compares them) and its first ``max_length`` word pieces (a
+        pair never keeps more)."""
         if self.template is None:
             return
         new = list(dict.fromkeys(t for t in texts if t not in self._ids))
         if not new:
             return
-        encoded = self.tokenizer(new, add_special_tokens=False, verbose=False)
-        for text, ids in zip(new, encoded["input_ids"], strict=True):
-            self._ids[text] = (len(ids), ids[: self.max_length])
+        cut = cut_texts(new, self.max_length)
+        encoded = self.tokenizer(cut, add_special_tokens=False, verbose=False)
+        for text, part, ids in zip(new, cut, encoded["input_ids"], strict=True):
+            self._ids[text] = (
+                _whole_length(len(ids), len(part), len(text)),
+                ids[: self.max_length],
+            )
 
     def kept(self, n1: int, n2: int) -> tuple[int, int]:
         """How many word pieces of each text a pair keeps: the tokenizers library's
@@ -410,14 +440,24 @@ class PairTokenizer:
 
     def _call(self, pairs: Sequence[tuple[str, str]], *, tensors: bool) -> dict[str, Any]:
         encoded = self.tokenizer(
-            [q for q, _ in pairs],
-            [p for _, p in pairs],
+            cut_texts([q for q, _ in pairs], self.max_length),
+            cut_texts([p for _, p in pairs], self.max_length),
             padding=tensors,
             truncation="longest_first",
             max_length=self.max_length,
             return_tensors="pt" if tensors else None,
         )
         return dict(encoded)
+
+
+def _whole_length(pieces: int, kept_chars: int, chars: int) -> int:
+    """A text's length in word pieces for the longest-first rule. A cut text (``cut_text``)
+    counts as long as its characters say: its pieces scaled by the share of characters kept.
+    The rule compares two texts' lengths, and when both were cut their cut lengths are about
+    equal, so it would give the extra piece of an odd budget to the wrong text."""
+    if kept_chars >= chars or kept_chars == 0:
+        return pieces
+    return max(pieces, pieces * chars // kept_chars)
 
 
 def padded_features(

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from serving.runtime.encoder import template
+from serving.runtime.encoder import cut_texts, template
 
 #: (input ids, token type ids) of one window, special tokens included.
 Window = tuple[list[int], list[int]]
@@ -58,13 +58,17 @@ class TextWindows:
         self.layout = layout
         self.stride = stride
         self.max_windows = max_windows
+        # The word pieces the windows read at most, special tokens counted: what a text is cut
+        # to (in characters, ``cut_text``) before it is tokenised.
+        self.read_tokens = stride * (max_windows - 1) + max_length
 
     def split(self, texts: Sequence[str]) -> list[list[Window]]:
         """Per text, its windows in reading order (at least one; an empty text gives the
         template alone)."""
         if not texts:
             return []
-        encoded = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)
+        cut = cut_texts(texts, self.read_tokens)
+        encoded = self.tokenizer(cut, add_special_tokens=False, verbose=False)
         out: list[list[Window]] = []
         for pieces in encoded["input_ids"]:
             starts = window_starts(len(pieces), self.body, self.stride, self.max_windows)
