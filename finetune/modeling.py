@@ -74,32 +74,6 @@ def _check_target_modules(module: Any, targets: Sequence[str]) -> None:
         )
 
 
-#: glibc's mallopt parameter M_MMAP_THRESHOLD (malloc.h).
-_M_MMAP_THRESHOLD = -3
-#: Allocations from this size up get their own mapping, given back to the system when freed.
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
-def release_freed_tensors() -> bool:
-    """Make glibc give large freed blocks back to the system at once (process-wide).
-
-    glibc raises its mmap threshold to the size of each large block freed, up to 32 MiB, so
-    after the first step every activation tensor comes from the heap, whose freed space is
-    rarely returned: a training step then keeps ~2.5 GB that no tensor uses (9.7 GB peak RSS
-    where 5.5 GB were live). A fixed threshold keeps large tensors in their own mappings. Only
-    memory is affected, never a value. Returns False where the C library is not glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-
-
 @contextlib.contextmanager
 def gradient_checkpointing(model: Any, *, enabled: bool = True) -> Iterator[bool]:
     """Keep only each layer's input for the backward pass and recompute the rest.

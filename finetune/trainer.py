@@ -26,9 +26,9 @@ from finetune.modeling import (
     add_trainable_lora,
     embed,
     gradient_checkpointing,
-    release_freed_tensors,
     trainable_parameters,
 )
+from serving.runtime.memory import release_freed_tensors
 
 
 @dataclass(frozen=True)
