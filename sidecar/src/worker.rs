@@ -4,8 +4,10 @@
 //! placements come and go, and keeps residency in line with them.
 
 mod batch;
+mod fair;
 pub mod intake;
 pub mod outcome;
+mod parts;
 pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -30,6 +30,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::protocol::{Embeddings, InferItem, LoadRequest, ModelStats};
+use crate::worker::tokens::cut_text;
 
 /// Texts per forward pass (the PyTorch runtime's CPU default).
 const MAX_BATCH_TEXTS: usize = 32;
@@ -118,9 +119,14 @@ impl SentenceEncoder {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        // Cut to what the model reads before tokenising, as the Python runtime does.
+        let mut inputs = texts.to_vec();
+        for text in &mut inputs {
+            cut_text(text, self.max_seq_length);
+        }
         let encodings = self
             .tokenizer
-            .encode_batch(texts.to_vec(), true)
+            .encode_batch(inputs, true)
             .map_err(|e| infer_failed(format!("tokenizing: {e}")))?;
         let lengths: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
         let mut vectors = vec![Vec::new(); texts.len()];

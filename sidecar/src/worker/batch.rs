@@ -1,24 +1,27 @@
 //! The loop of one task: wait for runtime capacity, wait for demand, make sure the model is
 //! loaded, fill a batch up to the token budget or the wait limit, and hand it to `run_batch`.
+//! Requests wait as parts of at most one call's tokens (`parts.rs`) in per-key queues
+//! (`fair.rs`), and the loop never waits on one request: a request it cannot answer now (a
+//! newer epoch needed) is handed back.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{consumer::pull, consumer::Consumer, message::AckKind};
 use futures::StreamExt;
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::{self, Envelope, Pending, Work};
+use super::fair::{FairQueue, Queued};
+use super::intake::{self, Envelope, Work};
 use super::outcome::Settler;
+use super::parts::{self, Answer, Held, Part};
 use super::tokens::{self, TokenCounter};
 use super::{now_ms, TaskStatus, Workers};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{
-    ClassifyItem, Embeddings, InferItem, Placement, Probabilities, ReplyMessage, ScoreItem, Scores,
-};
+use crate::protocol::{ClassifyItem, ErrorBody, InferItem, Placement, ScoreItem};
 use crate::residency::Readiness;
 use crate::runtime::Backend;
 
@@ -26,6 +29,12 @@ use crate::runtime::Backend;
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Most messages asked for in one pull while filling a batch.
 const MAX_PULL: usize = 256;
+/// Most requests held while one larger than a call is worked through (see `fill`).
+const LOOKAHEAD: usize = 16;
+/// Longest a fetch (a pull that takes only what is queued) may wait for its answer.
+const FETCH_BOUND: Duration = Duration::from_secs(2);
+/// How often the loop looks for new requests while it waits for a running part.
+const BLOCKED_POLL: Duration = Duration::from_millis(10);
 
 pub(super) struct TaskLoop {
     workers: Arc<Workers>,
@@ -34,8 +43,10 @@ pub(super) struct TaskLoop {
     settler: Settler,
     placement: watch::Receiver<Placement>,
     status: Arc<TaskStatus>,
-    /// Decoded messages this worker holds that are not in a batch yet.
-    carry: VecDeque<Pending>,
+    /// Parts of the requests this worker holds that are not in a batch yet.
+    carry: FairQueue<Part>,
+    /// Told when a batch's parts leave the runtime (the next parts of their requests may go).
+    finished: Arc<Notify>,
     /// Messages the consumer still held undelivered when the last one reached us.
     queued: u64,
     /// Counts tokens with the desired placement's tokenizer; rebuilt when the model changes,
@@ -60,7 +71,8 @@ impl TaskLoop {
             settler,
             placement,
             status,
-            carry: VecDeque::new(),
+            carry: FairQueue::default(),
+            finished: Arc::new(Notify::new()),
             queued: 0,
             counter: None,
             batches: 0,
@@ -80,7 +92,7 @@ impl TaskLoop {
             }
             if self.carry.is_empty() {
                 tokio::select! {
-                    _ = self.pull(1, IDLE_POLL) => {}
+                    _ = self.pull(1, Some(IDLE_POLL)) => {}
                     _ = stop.cancelled() => break,
                 }
                 if self.carry.is_empty() {
@@ -93,13 +105,21 @@ impl TaskLoop {
                 continue;
             };
             self.fill(&stop).await;
-            if self.fence(&serving, &stop).await {
-                continue; // waited for a newer epoch: choose the model again
-            }
-            let batch = self.take_batch();
+            self.fence(serving.epoch);
+            let batch = self.carry.take_batch(self.workers.config.max_batch_tokens);
             if batch.is_empty() {
+                if !self.carry.is_empty() {
+                    // Only next parts of requests with a part running: wait for one to finish,
+                    // looking for newly queued requests now and then.
+                    tokio::select! {
+                        _ = self.finished.notified() => {}
+                        _ = tokio::time::sleep(BLOCKED_POLL) => {}
+                        _ = stop.cancelled() => {}
+                    }
+                }
                 continue;
             }
+            let running = parts::Running::new(&batch, self.finished.clone());
             self.batches += 1;
             let batch_id = format!(
                 "{}-{}-{}",
@@ -110,13 +130,15 @@ impl TaskLoop {
                 self.settler.clone(),
                 batch,
                 serving,
-                permit,
+                (permit, running),
                 batch_id,
             ));
         }
         // Hand back what this worker holds so that other workers take it at once.
-        for pending in self.carry.drain(..) {
-            let _ = pending.envelope.msg.ack_with(AckKind::Nak(None)).await;
+        for held in distinct(&self.carry.drain()) {
+            if let Some(envelope) = held.take() {
+                let _ = envelope.msg.ack_with(AckKind::Nak(None)).await;
+            }
         }
     }
 
@@ -136,8 +158,8 @@ impl TaskLoop {
                 p = &mut acquire => return Some(p.expect("semaphore is never closed")),
                 _ = stop.cancelled() => return None,
                 _ = keep_alive.tick() => {
-                    for pending in &self.carry {
-                        let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+                    for held in distinct(self.carry.iter()) {
+                        held.keep_alive().await;
                     }
                 }
             }
@@ -174,20 +196,34 @@ impl TaskLoop {
     /// with progress acks until the model is ready.
     async fn wait_for_model(&mut self, desired: &Placement, stop: &CancellationToken) {
         let residency = self.workers.residency.clone();
-        let mut keep = Vec::new();
-        for pending in self.carry.drain(..) {
-            match residency.ensure(desired) {
-                Readiness::Failed(error) => {
-                    self.settler
-                        .fail(pending.envelope, &Error::Runtime(error))
-                        .await
+        let mut keep: Vec<Part> = Vec::new();
+        let mut kept: HashMap<usize, bool> = HashMap::new();
+        for part in self.carry.drain() {
+            let id = Arc::as_ptr(&part.held) as usize;
+            let keep_it = match kept.get(&id) {
+                Some(&keep_it) => keep_it,
+                None => {
+                    let keep_it = match residency.ensure(desired) {
+                        Readiness::Failed(error) => {
+                            if let Some(envelope) = part.held.take() {
+                                self.settler.fail(envelope, &Error::Runtime(error)).await;
+                            }
+                            false
+                        }
+                        _ if self.settler.is_last(part.held.delivered) => true,
+                        _ => {
+                            if let Some(envelope) = part.held.take() {
+                                self.settler.retry_later(envelope, "MODEL_LOADING").await;
+                            }
+                            false
+                        }
+                    };
+                    kept.insert(id, keep_it);
+                    keep_it
                 }
-                _ if self.settler.is_last_delivery(&pending.envelope) => keep.push(pending),
-                _ => {
-                    self.settler
-                        .retry_later(pending.envelope, "MODEL_LOADING")
-                        .await
-                }
+            };
+            if keep_it && !part.held.is_settled() {
+                keep.push(part);
             }
         }
         tracing::info!(task = %self.task, model_key = %desired.model_key, "waiting for model to load");
@@ -198,92 +234,62 @@ impl TaskLoop {
                 _ = stop.cancelled() => Readiness::Loading,
             };
             match readiness {
-                Readiness::Ready => {
-                    self.carry.extend(keep);
-                    return;
-                }
+                Readiness::Ready => break,
                 Readiness::Failed(error) => {
-                    for pending in keep {
-                        self.settler
-                            .fail(pending.envelope, &Error::Runtime(error.clone()))
-                            .await;
+                    for held in distinct(&keep) {
+                        if let Some(envelope) = held.take() {
+                            self.settler
+                                .fail(envelope, &Error::Runtime(error.clone()))
+                                .await;
+                        }
                     }
                     return;
                 }
-                Readiness::Loading if stop.is_cancelled() || keep.is_empty() => {
-                    self.carry.extend(keep);
-                    return;
-                }
+                Readiness::Loading if stop.is_cancelled() || keep.is_empty() => break,
                 Readiness::Loading => {
-                    for pending in &keep {
-                        let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+                    for held in distinct(&keep) {
+                        held.keep_alive().await;
                     }
                 }
+            }
+        }
+        for part in keep {
+            self.carry.push(part);
+        }
+    }
+
+    /// Epoch fencing: a request stamped with a minimum epoch newer than `serving` may not be
+    /// answered by this worker now (its caller has already had a reply from a newer epoch).
+    /// It is handed back at once (`Settler::hand_back`: a nak with delay, for a worker that
+    /// serves that epoch - this one, once the newer model loads - or, on its last delivery, a
+    /// retryable `EPOCH_BEHIND`), never held: the loop goes on serving everyone else.
+    fn fence(&mut self, serving: u64) {
+        let behind = self.carry.extract(|part| part.held.min_epoch > serving);
+        for held in distinct(&behind) {
+            if let Some(envelope) = held.take() {
+                self.hand_back_behind(envelope, serving);
             }
         }
     }
 
-    /// Epoch fencing: a message stamped with a minimum epoch newer than `serving`'s may not be
-    /// answered by this worker now (its caller has already had a reply from a newer epoch).
-    /// It is handed back with a delay, for a worker (this one, once the newer model loads) that
-    /// serves that epoch. A message on its last delivery is kept instead, alive by progress
-    /// acks, until this worker serves a new enough epoch or the request's deadline passes
-    /// (then it expires). True when it waited: the model to serve with must be chosen again.
-    async fn fence(&mut self, serving: &Placement, stop: &CancellationToken) -> bool {
-        let (behind, fresh): (VecDeque<Pending>, VecDeque<Pending>) = self
-            .carry
-            .drain(..)
-            .partition(|p| p.envelope.min_epoch > serving.epoch);
-        self.carry = fresh;
-        let mut keep = Vec::new();
-        for pending in behind {
-            tracing::debug!(
-                task = %self.task,
-                request_id = %pending.envelope.request_id,
-                min_epoch = pending.envelope.min_epoch,
-                serving = serving.epoch,
-                "request needs a newer epoch; handing it back"
-            );
-            if self.settler.is_last_delivery(&pending.envelope) {
-                keep.push(pending);
-            } else {
-                self.settler
-                    .retry_later(pending.envelope, "EPOCH_BEHIND")
-                    .await;
-            }
-        }
-        if keep.is_empty() {
-            return false;
-        }
-        let needed = keep.iter().map(|p| p.envelope.min_epoch).max().unwrap_or(0);
-        let last_deadline = keep.iter().filter_map(|p| p.envelope.deadline_ms).max();
-        let step = keep_alive_period(self.workers.config.ack_wait);
-        loop {
-            let desired = self.placement.borrow().clone();
-            let new_enough = self
-                .choose_model(&desired)
-                .is_some_and(|s| s.epoch >= needed);
-            let past = last_deadline.is_some_and(|d| now_ms() > d);
-            if new_enough || past || stop.is_cancelled() {
-                break;
-            }
-            for pending in &keep {
-                let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(step) => {}
-                _ = stop.cancelled() => {}
-            }
-        }
-        if last_deadline.is_some_and(|d| now_ms() > d) {
-            for pending in keep {
-                self.settler.expire(pending.envelope).await;
-            }
-        } else {
-            // Served by the next batch, from the newer epoch (or handed back when stopped).
-            self.carry.extend(keep);
-        }
-        true
+    /// Hands back a request whose minimum epoch is above `serving` (settled aside: its reply
+    /// may wait for a gateway, the loop must not).
+    fn hand_back_behind(&self, envelope: Envelope, serving: u64) {
+        tracing::debug!(
+            task = %self.task,
+            request_id = %envelope.request_id,
+            min_epoch = envelope.min_epoch,
+            serving,
+            "request needs a newer epoch; handing it back"
+        );
+        let message = format!(
+            "the request needs placement epoch {} or newer (X-Taskfleet-Min-Epoch), and the \
+             workers of task {:?} still serve epoch {serving}; retry once the newer epoch loads",
+            envelope.min_epoch, self.task
+        );
+        let error = ErrorBody::new("EPOCH_BEHIND", &message, true);
+        let settler = self.settler.clone();
+        tokio::spawn(async move { settler.hand_back(envelope, error).await });
     }
 
     /// Pulls more messages while the queue holds more, until the token budget is reached or
@@ -292,8 +298,22 @@ impl TaskLoop {
         let workers = self.workers.clone();
         let config = &workers.config;
         let deadline = Instant::now() + config.max_batch_wait;
+        // A request larger than one call is being worked through, and nothing pulled since it
+        // says what queued behind it: look (without waiting) for requests of other keys, so
+        // that the next call is shared fairly. At most LOOKAHEAD requests are held so.
+        if self.carry.iter().any(|part| part.held.is_split()) {
+            let room = LOOKAHEAD.saturating_sub(distinct(self.carry.iter()).len());
+            if room > 0 {
+                // The server answers a fetch at once (messages, or "no messages"); the bound
+                // is for an answer lost on the way.
+                tokio::select! {
+                    _ = tokio::time::timeout(FETCH_BOUND, self.pull(room, None)) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
         loop {
-            let tokens: usize = self.carry.iter().map(|p| p.tokens).sum();
+            let tokens = self.carry.tokens();
             let remaining = deadline.saturating_duration_since(Instant::now());
             let Some(want) = fill_want(
                 tokens,
@@ -305,7 +325,7 @@ impl TaskLoop {
                 return;
             };
             let pulled = tokio::select! {
-                n = self.pull(want, remaining) => n,
+                n = self.pull(want, Some(remaining)) => n,
                 _ = stop.cancelled() => return,
             };
             if pulled == 0 {
@@ -314,34 +334,17 @@ impl TaskLoop {
         }
     }
 
-    /// Takes messages off the front while they fit the token budget (always at least one) and
-    /// ask for the same op (one runtime call runs one op).
-    fn take_batch(&mut self) -> Vec<Pending> {
-        let budget = self.workers.config.max_batch_tokens;
-        let mut batch: Vec<Pending> = Vec::new();
-        let mut tokens = 0;
-        while let Some(next) = self.carry.front() {
-            if !batch.is_empty()
-                && (tokens + next.tokens > budget || next.work.op() != batch[0].work.op())
-            {
-                break;
-            }
-            tokens += next.tokens;
-            batch.push(self.carry.pop_front().expect("front exists"));
-        }
-        batch
-    }
-
-    /// One pull request; every message received is settled at once or kept in `carry`.
+    /// One pull request, waiting up to `expires` for messages, or (`None`) taking only what the
+    /// queue holds now; every message received is settled at once or kept in `carry`.
     /// Returns how many messages arrived.
-    async fn pull(&mut self, max: usize, expires: Duration) -> usize {
-        let messages = self
-            .consumer
-            .batch()
-            .max_messages(max)
-            .expires(expires)
-            .messages()
-            .await;
+    async fn pull(&mut self, max: usize, expires: Option<Duration>) -> usize {
+        let messages = match expires {
+            Some(expires) => {
+                let pull = self.consumer.batch().max_messages(max).expires(expires);
+                pull.messages().await
+            }
+            None => self.consumer.fetch().max_messages(max).messages().await,
+        };
         let mut messages = match messages {
             Ok(messages) => messages,
             Err(e) => {
@@ -377,17 +380,27 @@ impl TaskLoop {
             self.settler.expire(envelope).await;
             return;
         }
+        // Fenced before anything is decoded or tokenised: handing it back costs nothing.
+        let serving = self
+            .status
+            .serving
+            .lock()
+            .expect("serving lock")
+            .as_ref()
+            .map(|p| p.epoch);
+        if let Some(serving) = serving.filter(|&s| envelope.min_epoch > s) {
+            self.hand_back_behind(envelope, serving);
+            return;
+        }
         let workers = self.workers.clone();
         match intake::decode_payload(&self.task, &envelope, &workers.payloads).await {
             Ok((work, payload_ref)) => {
                 let counter = self.counter().await;
-                let (work, tokens) = tokens::count_work(&counter, work).await;
-                self.carry.push_back(Pending {
-                    envelope,
-                    work,
-                    payload_ref,
-                    tokens,
-                });
+                let (work, counts) = tokens::prepare(&counter, work).await;
+                let budget = workers.config.max_batch_tokens;
+                for part in parts::split(envelope, payload_ref, work, &counts, budget) {
+                    self.carry.push(part);
+                }
             }
             // Settled aside: its error reply may wait for a gateway, the loop must not.
             Err(e) => {
@@ -396,6 +409,38 @@ impl TaskLoop {
             }
         }
     }
+}
+
+impl Queued for Part {
+    fn key(&self) -> &str {
+        &self.held.key
+    }
+
+    fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    fn op(&self) -> &'static str {
+        self.work.op()
+    }
+
+    fn is_gone(&self) -> bool {
+        self.held.is_settled()
+    }
+
+    fn is_blocked(&self) -> bool {
+        self.held.has_part_running()
+    }
+}
+
+/// The requests these parts belong to, each once.
+fn distinct<'a>(parts: impl IntoIterator<Item = &'a Part>) -> Vec<Arc<Held>> {
+    let mut seen = HashSet::new();
+    parts
+        .into_iter()
+        .filter(|part| seen.insert(Arc::as_ptr(&part.held)))
+        .map(|part| part.held.clone())
+        .collect()
 }
 
 impl TaskLoop {
@@ -456,23 +501,40 @@ fn keep_alive_period(ack_wait: Duration) -> Duration {
     (ack_wait / 3).max(Duration::from_millis(100))
 }
 
-/// Runs one batch on the runtime and settles each of its messages. Messages whose deadline
-/// has passed are expired first; if none is left the batch does not run at all.
+/// Runs one batch of parts on the runtime and settles each request whose parts have all
+/// answered. Requests whose deadline has passed are expired first; if nothing is left the
+/// batch does not run at all.
 async fn run_batch(
     workers: Arc<Workers>,
     settler: Settler,
-    batch: Vec<Pending>,
+    batch: Vec<Part>,
     placement: Placement,
-    permit: OwnedSemaphorePermit,
+    permit: (OwnedSemaphorePermit, parts::Running),
     batch_id: String,
 ) {
     let now = now_ms();
     let mut live = Vec::with_capacity(batch.len());
-    for pending in batch {
-        if pending.envelope.is_expired(now) {
-            settler.expire(pending.envelope).await;
+    for part in batch {
+        if part.held.is_settled() {
+            continue;
+        }
+        if part.held.is_expired(now) {
+            if let Some(envelope) = part.held.take() {
+                settler.expire(envelope).await;
+            }
+        } else if !part.held.pin(&placement.model_key) {
+            // Its first parts ran on the model served before: vectors of two models must not
+            // make one reply, so the request runs again from the start.
+            if let Some(envelope) = part.held.take() {
+                let error = ErrorBody::new(
+                    "MODEL_NOT_LOADED",
+                    "the task's model changed while this request ran in parts; it runs again",
+                    true,
+                );
+                settler.hand_back(envelope, error).await;
+            }
         } else {
-            live.push(pending);
+            live.push(part);
         }
     }
     if live.is_empty() {
@@ -480,19 +542,18 @@ async fn run_batch(
     }
     let Some(_in_use) = workers.residency.acquire(&placement.model_key) else {
         // Evicted or lost with a runtime restart between choosing and running.
-        for pending in live {
-            settler
-                .retry_later(pending.envelope, "MODEL_NOT_LOADED")
-                .await;
+        for held in distinct(&live) {
+            if let Some(envelope) = held.take() {
+                let error = ErrorBody::new("MODEL_NOT_LOADED", "the model was unloaded", true);
+                settler.hand_back(envelope, error).await;
+            }
         }
         return;
     };
     let backend = match workers.runtime.backend() {
         Ok(backend) => backend,
         Err(e) => {
-            for pending in live {
-                settler.fail(pending.envelope, &e).await;
-            }
+            fail_parts(&settler, &live, &e).await;
             return;
         }
     };
@@ -523,19 +584,24 @@ async fn run_batch(
         Err(Error::Runtime(body)) if body.code == "DEADLINE_EXCEEDED" => {
             // The runtime dropped it unrun: every deadline had passed while it queued there.
             drop(permit);
-            for pending in live {
-                settler.expire(pending.envelope).await;
+            for held in distinct(&live) {
+                if let Some(envelope) = held.take() {
+                    settler.expire(envelope).await;
+                }
             }
         }
         Err(e) if count > 1 && matches!(e, Error::Runtime(ref b) if !b.retryable) => {
-            // One poison input must not take the others down with it: run each alone.
-            tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed; running its requests one by one");
-            for (i, pending) in live.into_iter().enumerate() {
+            // One poison input must not take the others down with it: run each part alone.
+            tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed; running its parts one by one");
+            for (i, part) in live.into_iter().enumerate() {
+                if part.held.is_settled() {
+                    continue;
+                }
                 let single_id = format!("{batch_id}.{i}");
-                let one = vec![pending];
+                let one = vec![part];
                 match run.infer(&single_id, &one).await {
                     Ok(results) => run.succeed(one, results).await,
-                    Err(e) => run.fail(one, &e).await,
+                    Err(e) => fail_parts(&settler, &one, &e).await,
                 }
             }
             drop(permit);
@@ -543,7 +609,16 @@ async fn run_batch(
         Err(e) => {
             drop(permit);
             tracing::warn!(task = %settler.task, %batch_id, error = %e, "batch failed");
-            run.fail(live, &e).await;
+            fail_parts(&settler, &live, &e).await;
+        }
+    }
+}
+
+/// A failure of these parts is a failure of their requests (retried or dead-lettered).
+async fn fail_parts(settler: &Settler, parts: &[Part], error: &Error) {
+    for held in distinct(parts) {
+        if let Some(envelope) = held.take() {
+            settler.fail(envelope, error).await;
         }
     }
 }
@@ -557,15 +632,15 @@ struct BatchRun<'a> {
 }
 
 impl BatchRun<'_> {
-    /// One runtime call (infer, score or classify) for these messages; long batches keep
-    /// their messages from being redelivered elsewhere with progress acks.
-    /// One answer per message, whatever the backend: a short answer must not drop requests.
-    async fn infer(&self, batch_id: &str, batch: &[Pending]) -> Result<Vec<Answer>> {
+    /// One runtime call (infer, score or classify) for these parts, one item each; long
+    /// batches keep their messages from being redelivered elsewhere with progress acks.
+    /// One answer per part, whatever the backend: a short answer must not drop requests.
+    async fn infer(&self, batch_id: &str, batch: &[Part]) -> Result<Vec<Answer>> {
         let task = self.settler.task.as_str();
         // The runtime may hold the batch in its queue: past every deadline it drops it unrun.
         let deadline_ms = batch
             .iter()
-            .map(|p| p.envelope.deadline_ms)
+            .map(|p| p.held.deadline_ms)
             .collect::<Option<Vec<u64>>>()
             .and_then(|all| all.into_iter().max());
         let tokens: usize = batch.iter().map(|p| p.tokens).sum();
@@ -587,12 +662,13 @@ impl BatchRun<'_> {
         tokio::pin!(infer);
         let period = keep_alive_period(self.workers.config.ack_wait);
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let held = distinct(batch);
         let result = loop {
             tokio::select! {
                 result = &mut infer => break result,
                 _ = progress.tick() => {
-                    for pending in batch {
-                        let _ = pending.envelope.msg.ack_with(AckKind::Progress).await;
+                    for request in &held {
+                        request.keep_alive().await;
                     }
                 }
             }
@@ -612,53 +688,47 @@ impl BatchRun<'_> {
         Ok(answers)
     }
 
-    /// Replies to every message at once (each waits for its gateway's confirmation).
-    async fn succeed(&self, batch: Vec<Pending>, answers: Vec<Answer>) {
-        let settles = batch.into_iter().zip(answers).map(|(pending, answer)| {
-            let reply = answer.into_reply(
-                &pending.envelope.request_id,
-                &self.placement.model_key,
-                self.placement.epoch,
-            );
-            async move {
-                let answered = self.settler.succeed(pending.envelope, reply).await;
-                if let (true, Some(key)) = (answered, pending.payload_ref) {
-                    // The request is answered, so its object-store inputs are no longer
-                    // needed (a dead letter keeps them for its replay).
-                    self.workers.payloads.delete(&key).await;
+    /// Files each part's answer; replies to every request whose parts have all answered (each
+    /// reply waits for its gateway's confirmation).
+    async fn succeed(&self, batch: Vec<Part>, answers: Vec<Answer>) {
+        let settles = batch
+            .into_iter()
+            .zip(answers)
+            .map(|(part, answer)| async move {
+                let held = part.held;
+                if held.is_settled() {
+                    return; // failed or expired through another of its parts
                 }
-            }
-        });
+                let whole = match held.complete(part.indices, answer) {
+                    Ok(None) => return, // parts of it still to come
+                    Ok(Some(whole)) => whole,
+                    Err(e) => {
+                        if let Some(envelope) = held.take() {
+                            self.settler.fail(envelope, &e).await;
+                        }
+                        return;
+                    }
+                };
+                let Some(envelope) = held.take() else {
+                    return;
+                };
+                let reply = whole.into_reply(
+                    &envelope.request_id,
+                    &self.placement.model_key,
+                    self.placement.epoch,
+                );
+                let answered = self.settler.succeed(envelope, reply).await;
+                if let (true, Some(key)) = (answered, &held.payload_ref) {
+                    // The request is answered, so its object-store inputs are no longer needed
+                    // (a dead letter keeps them for its replay).
+                    self.workers.payloads.delete(key).await;
+                }
+            });
         futures::future::join_all(settles).await;
     }
-
-    async fn fail(&self, batch: Vec<Pending>, error: &Error) {
-        for pending in batch {
-            self.settler.fail(pending.envelope, error).await;
-        }
-    }
 }
 
-/// What the runtime answered for one request of a batch.
-enum Answer {
-    Embeddings(Embeddings),
-    Scores(Scores),
-    Probabilities(Probabilities),
-}
-
-impl Answer {
-    fn into_reply(self, request_id: &str, model_key: &str, epoch: u64) -> ReplyMessage {
-        match self {
-            Answer::Embeddings(r) => ReplyMessage::ok(request_id, model_key, epoch, r),
-            Answer::Scores(r) => ReplyMessage::scores(request_id, model_key, epoch, r),
-            Answer::Probabilities(r) => {
-                ReplyMessage::probabilities(request_id, model_key, epoch, r)
-            }
-        }
-    }
-}
-
-/// One runtime call for a batch of requests of one op (`take_batch` never mixes ops); the
+/// One runtime call for a batch of parts of one op (`FairQueue::take_batch` never mixes ops); the
 /// answers come back in request order.
 async fn call_runtime(
     backend: &dyn Backend,

@@ -21,6 +21,11 @@ pub const HEADER_ERROR: &str = "Tf-Error";
 /// The oldest placement epoch the request may be answered from (the gateway stamps the newest
 /// epoch its caller has seen): a worker still serving an older one hands the message back.
 pub const HEADER_MIN_EPOCH: &str = "Tf-Min-Epoch";
+/// The caller's API key (absent when the gateway runs without auth): worker time is shared
+/// fairly between keys (`fair.rs`).
+pub const HEADER_KEY: &str = "Tf-Key";
+/// Longest key name kept; a longer header is cut (it only names a queue).
+const MAX_KEY_CHARS: usize = 128;
 
 /// A message this worker holds (pulled, not yet acked, nakked or terminated).
 pub struct Envelope {
@@ -30,6 +35,8 @@ pub struct Envelope {
     pub deadline_ms: Option<u64>,
     /// `Tf-Min-Epoch` (0 when absent).
     pub min_epoch: u64,
+    /// `Tf-Key` ("" when absent: every key-less request shares one queue).
+    pub key: String,
     /// How many times the server has delivered this message, this time included.
     pub delivered: i64,
     held: Arc<AtomicU64>,
@@ -48,6 +55,7 @@ pub struct RequestHeaders {
     pub reply_to: Option<String>,
     pub deadline_ms: Option<u64>,
     pub min_epoch: u64,
+    pub key: String,
 }
 
 impl RequestHeaders {
@@ -66,11 +74,15 @@ impl RequestHeaders {
         let min_epoch = header(HEADER_MIN_EPOCH)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
+        let key = header(HEADER_KEY)
+            .map(|k| k.trim().chars().take(MAX_KEY_CHARS).collect())
+            .unwrap_or_default();
         Self {
             request_id,
             reply_to,
             deadline_ms,
             min_epoch,
+            key,
         }
     }
 }
@@ -86,6 +98,7 @@ impl Envelope {
             reply_to: headers.reply_to,
             deadline_ms: headers.deadline_ms,
             min_epoch: headers.min_epoch,
+            key: headers.key,
             delivered,
             held,
         }
@@ -127,6 +140,43 @@ impl Work {
         }
     }
 
+    /// How many inputs (texts, or a score request's documents) it holds: one answer row each.
+    pub fn inputs(&self) -> usize {
+        match self {
+            Work::Embed { texts, .. } | Work::Classify { texts } => texts.len(),
+            Work::Score { documents, .. } => documents.len(),
+        }
+    }
+
+    /// Every text, a score request's query included.
+    pub fn texts_mut(&mut self) -> Box<dyn Iterator<Item = &mut String> + '_> {
+        match self {
+            Work::Embed { texts, .. } | Work::Classify { texts } => Box::new(texts.iter_mut()),
+            Work::Score { query, documents } => {
+                Box::new(std::iter::once(query).chain(documents.iter_mut()))
+            }
+        }
+    }
+
+    /// The work cut into parts, each holding the inputs at `parts[i]` (every input in exactly
+    /// one part); a score request's query goes with every part.
+    pub fn split(self, parts: &[Vec<usize>]) -> Vec<Work> {
+        match self {
+            Work::Embed { kind, texts } => pick(texts, parts)
+                .map(|texts| Work::Embed { kind, texts })
+                .collect(),
+            Work::Classify { texts } => pick(texts, parts)
+                .map(|texts| Work::Classify { texts })
+                .collect(),
+            Work::Score { query, documents } => pick(documents, parts)
+                .map(|documents| Work::Score {
+                    query: query.clone(),
+                    documents,
+                })
+                .collect(),
+        }
+    }
+
     /// The batching estimate of tokens. A (query, document) pair is one sequence holding both
     /// texts, so a score request counts the query once per document.
     pub fn tokens(&self) -> usize {
@@ -140,13 +190,15 @@ impl Work {
     }
 }
 
-/// A decoded request, ready to join a batch.
-pub struct Pending {
-    pub envelope: Envelope,
-    pub work: Work,
-    /// Object-store key of the inputs, deleted once the request is answered.
-    pub payload_ref: Option<String>,
-    pub tokens: usize,
+/// The texts at each part's indices, moved out of `texts`.
+fn pick<'a>(texts: Vec<String>, parts: &'a [Vec<usize>]) -> impl Iterator<Item = Vec<String>> + 'a {
+    let mut texts: Vec<Option<String>> = texts.into_iter().map(Some).collect();
+    parts.iter().map(move |indices| {
+        indices
+            .iter()
+            .map(|&i| texts.get_mut(i).and_then(Option::take).unwrap_or_default())
+            .collect()
+    })
 }
 
 /// Decodes and checks a queue payload (no I/O): an embed, score or classify request of this
@@ -172,7 +224,7 @@ pub async fn decode_payload(
     payloads: &Payloads,
 ) -> Result<(Work, Option<String>)> {
     // The texts (inline or in the object store) go into the work once they are at hand.
-    let (inputs, mut work) = match parse_payload(task, &envelope.msg.payload)? {
+    let (inputs, mut work) = match parse_off_loop(task, &envelope.msg.payload).await? {
         TaskPayload::Embed(p) => (
             p.inputs,
             Work::Embed {
@@ -200,6 +252,20 @@ pub async fn decode_payload(
     Ok((work, payload_ref))
 }
 
+/// Payloads above this are decoded on the blocking pool (a 30 MB body takes tens of ms).
+const DECODE_INLINE_MAX_BYTES: usize = 64 * 1024;
+
+/// `parse_payload`, on the blocking pool when the payload is large.
+async fn parse_off_loop(task: &str, bytes: &bytes::Bytes) -> Result<TaskPayload> {
+    if bytes.len() <= DECODE_INLINE_MAX_BYTES {
+        return parse_payload(task, bytes);
+    }
+    let (task, bytes) = (task.to_string(), bytes.clone());
+    tokio::task::spawn_blocking(move || parse_payload(&task, &bytes))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// Inputs moved to the object store: the object holds a msgpack array of strings.
 async fn fetch_inputs(store: &ObjectStore, key: &str) -> Result<Vec<String>> {
     let mut object = store.get(key).await.map_err(|e| {
@@ -211,8 +277,13 @@ async fn fetch_inputs(store: &ObjectStore, key: &str) -> Result<Vec<String>> {
     })?;
     let mut bytes = Vec::new();
     object.read_to_end(&mut bytes).await?;
-    protocol::decode(&bytes)
-        .map_err(|e| Error::BadPayload(format!("payload object {key:?} is not [str]: {e}")))
+    let key = key.to_string();
+    tokio::task::spawn_blocking(move || {
+        protocol::decode(&bytes)
+            .map_err(|e| Error::BadPayload(format!("payload object {key:?} is not [str]: {e}")))
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 #[cfg(test)]
@@ -235,6 +306,40 @@ mod tests {
         let classify = Work::Classify { texts: documents };
         assert_eq!(classify.tokens(), 7);
         assert_eq!((score.op(), classify.op()), ("score", "classify"));
+    }
+
+    #[test]
+    fn the_callers_key_is_read_and_bounded() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_REQUEST_ID, "r1");
+        assert_eq!(RequestHeaders::read(Some(&headers)).key, "");
+        headers.insert(HEADER_KEY, " tfk_abc ");
+        assert_eq!(RequestHeaders::read(Some(&headers)).key, "tfk_abc");
+        headers.insert(HEADER_KEY, "k".repeat(1000).as_str());
+        assert_eq!(
+            RequestHeaders::read(Some(&headers)).key.len(),
+            MAX_KEY_CHARS
+        );
+    }
+
+    #[test]
+    fn work_splits_into_parts_with_the_query_in_each() {
+        let score = Work::Score {
+            query: "q".into(),
+            documents: vec!["a".into(), "b".into(), "c".into()],
+        };
+        assert_eq!(score.inputs(), 3);
+        let parts = score.split(&[vec![2, 0], vec![1]]);
+        let expected = [("q", vec!["c", "a"]), ("q", vec!["b"])];
+        for (part, (query, documents)) in parts.iter().zip(expected) {
+            assert_eq!(
+                part,
+                &Work::Score {
+                    query: query.into(),
+                    documents: documents.into_iter().map(String::from).collect()
+                }
+            );
+        }
     }
 
     #[test]

@@ -51,7 +51,12 @@ pub struct Settler {
 
 impl Settler {
     pub fn is_last_delivery(&self, envelope: &Envelope) -> bool {
-        self.max_deliver > 0 && envelope.delivered >= self.max_deliver
+        self.is_last(envelope.delivered)
+    }
+
+    /// Whether a message delivered this many times is on its last delivery.
+    pub fn is_last(&self, delivered: i64) -> bool {
+        self.max_deliver > 0 && delivered >= self.max_deliver
     }
 
     /// Sends the reply to the requester's `Tf-Reply` subject until its gateway confirms it
@@ -183,6 +188,25 @@ impl Settler {
         metrics().retries.inc(&[&self.task, code]);
         let delay = self.nak_delay * u32::try_from(envelope.delivered.max(1)).unwrap_or(1);
         self.ack(&envelope, AckKind::Nak(Some(delay))).await;
+    }
+
+    /// Gives back a message this worker cannot answer now (it needs a newer placement epoch
+    /// than this worker serves; its model changed while its parts ran): a nak with delay, for
+    /// another worker, or this one later, never a wait that holds the task's loop. On its last
+    /// delivery a nak would strand it, so it is answered with `error` (retryable: the caller
+    /// may send it again) and dropped unrun.
+    pub async fn hand_back(&self, envelope: Envelope, error: ErrorBody) {
+        if !self.is_last_delivery(&envelope) {
+            self.retry_later(envelope, &error.code).await;
+            return;
+        }
+        metrics().retries.inc(&[&self.task, &error.code]);
+        tracing::info!(request_id = %envelope.request_id, code = %error.code, "handed back on its last delivery: answered retryable");
+        let reply = ReplyMessage::error(&envelope.request_id, error);
+        if let Err(e) = self.reply(&envelope, reply).await {
+            tracing::warn!(request_id = %envelope.request_id, error = %e, "hand-back reply not sent");
+        }
+        self.ack(&envelope, AckKind::Term).await;
     }
 
     /// The deadline passed before the request ran: answer DEADLINE_EXCEEDED and drop it. When

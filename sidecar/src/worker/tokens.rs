@@ -3,20 +3,45 @@
 //! runtime will compute, not by a guess from the characters. Prefixes and truncation are
 //! applied as the runtime applies them: the count is what one forward pass costs.
 //!
+//! Before it is counted, every text is cut to what the model can read: `CHARS_PER_TOKEN`
+//! characters per token (`cut_text`), the rule of the runtime's encoder
+//! (`serving/runtime/encoder.py`), so a 30 MB text costs the tokeniser a few thousand
+//! characters and reaches the runtime cut. Counting runs on tokio's blocking pool, at most
+//! `tokenising_slots()` at once, never on the async loop that sends heartbeats and replies.
+//!
 //! A folder without `tokenizer.json` (or one the crate cannot read) falls back to the old
 //! estimate, a quarter of the characters, with a warning: batching still works, only less
 //! evenly.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+};
+use tokio::sync::Semaphore;
 
 use super::intake::Work;
 use crate::protocol::{Placement, TextKind};
 
-/// Above this many texts a request is counted on tokio's blocking pool, not on the loop.
-pub const COUNT_INLINE_MAX_TEXTS: usize = 64;
+/// Characters of a text kept per token the model reads (`serving/runtime/encoder.py` has the
+/// same number and says why it is generous; a test keeps the two equal).
+pub const CHARS_PER_TOKEN: usize = 16;
+/// The tokens a model is taken to read when neither its placement nor its folder names a
+/// limit: only the cut uses it (no truncation is made up).
+pub const UNKNOWN_LIMIT_TOKENS: usize = 8192;
+
+/// Cuts `text` to what a model reading `tokens` tokens can see: `tokens x CHARS_PER_TOKEN`
+/// characters (Unicode scalar values, as Python counts them). Cutting twice is cutting once.
+pub fn cut_text(text: &mut String, tokens: usize) {
+    let limit = tokens.saturating_mul(CHARS_PER_TOKEN);
+    if text.len() <= limit {
+        return; // fewer bytes than the limit: fewer characters too
+    }
+    if let Some((at, _)) = text.char_indices().nth(limit) {
+        text.truncate(at);
+    }
+}
 
 /// The counter of one placement's model.
 pub struct TokenCounter {
@@ -25,25 +50,35 @@ pub struct TokenCounter {
     tokenizer: Option<Tokenizer>,
     query_prefix: String,
     passage_prefix: String,
+    /// The model's `max_seq_length` (None: no limit known).
+    max_len: Option<usize>,
+    /// Tokens the model reads of one text: `max_len`, more for a head that reads windows.
+    read_tokens: usize,
+    /// Special tokens a (query, document) pair gets (`[CLS] q [SEP] d [SEP]`: 3).
+    pair_specials: usize,
 }
 
 impl TokenCounter {
     /// Reads the placement's tokenizer from its base model's folder in the artifact cache at
-    /// `cache` (blocking file I/O: call it off the async loop).
+    /// `cache`, and its adapter's head (a head that reads windows) (blocking file I/O: call it
+    /// off the async loop).
     pub fn for_placement(placement: &Placement, cache: &Path) -> Self {
+        let request = placement.load_request(cache);
         Self::load(
             &placement.model_key,
-            Path::new(&placement.load_request(cache).base_path),
+            Path::new(&request.base_path),
+            request.adapter_path.as_deref().map(Path::new),
             placement.max_seq_length,
             [&placement.query_prefix, &placement.passage_prefix],
         )
     }
 
-    /// The counter of the model in folder `base`; `max_seq_length` `None` reads the folder's.
-    /// `prefixes`: [query, passage].
+    /// The counter of the model in folder `base` (with the adapter folder `adapter`, if any);
+    /// `max_seq_length` `None` reads the folder's. `prefixes`: [query, passage].
     pub fn load(
         model_key: &str,
         base: &Path,
+        adapter: Option<&Path>,
         max_seq_length: Option<u32>,
         prefixes: [&str; 2],
     ) -> Self {
@@ -57,12 +92,24 @@ impl TokenCounter {
                 None
             }
         };
+        let pair_specials = tokenizer
+            .as_ref()
+            .and_then(|t| t.get_post_processor())
+            .map_or(0, |p| p.added_tokens(true));
+        let limit = max_len.unwrap_or(UNKNOWN_LIMIT_TOKENS);
+        let read_tokens = match adapter.and_then(head_windows) {
+            Some((stride, max_windows)) => limit + stride * (max_windows.max(1) - 1),
+            None => limit,
+        };
         let [query_prefix, passage_prefix] = prefixes;
         Self {
             model_key: model_key.to_string(),
             tokenizer,
             query_prefix: query_prefix.to_string(),
             passage_prefix: passage_prefix.to_string(),
+            max_len,
+            read_tokens,
+            pair_specials,
         }
     }
 
@@ -73,6 +120,9 @@ impl TokenCounter {
             tokenizer: None,
             query_prefix: String::new(),
             passage_prefix: String::new(),
+            max_len: None,
+            read_tokens: UNKNOWN_LIMIT_TOKENS,
+            pair_specials: 0,
         }
     }
 
@@ -81,11 +131,23 @@ impl TokenCounter {
         self.tokenizer.is_some()
     }
 
-    /// Tokens of the texts as the runtime will see them: prefix, special tokens, truncation.
+    /// The tokens of one text the model reads: what `cut` cuts texts to (in characters).
+    pub fn read_tokens(&self) -> usize {
+        self.read_tokens
+    }
+
+    /// Cuts every text of the work (a score request's query too) to what the model reads.
+    pub fn cut(&self, work: &mut Work) {
+        for text in work.texts_mut() {
+            cut_text(text, self.read_tokens);
+        }
+    }
+
+    /// Tokens of each text as the runtime will see it: prefix, special tokens, truncation.
     /// At least one per text.
-    pub fn count(&self, kind: TextKind, texts: &[String]) -> usize {
+    pub fn counts(&self, kind: TextKind, texts: &[String]) -> Vec<usize> {
         let Some(tokenizer) = &self.tokenizer else {
-            return estimate_tokens(texts);
+            return texts.iter().map(|t| self.estimate(t)).collect();
         };
         let prefix = match kind {
             TextKind::Query => &self.query_prefix,
@@ -94,89 +156,108 @@ impl TokenCounter {
         texts
             .iter()
             .map(|text| {
-                let input = if prefix.is_empty() {
-                    text.clone()
-                } else {
-                    format!("{prefix}{text}")
-                };
-                match tokenizer.encode(input, true) {
+                let input = format!("{prefix}{text}");
+                match tokenizer.encode_fast(input, true) {
                     Ok(encoding) => encoding.len().max(1),
-                    Err(_) => estimate_tokens(std::slice::from_ref(text)),
+                    Err(_) => self.estimate(text),
                 }
             })
-            .sum()
+            .collect()
     }
 
-    /// Tokens of (query, document) pairs, each encoded as one sequence the way a cross-encoder
-    /// reads it (`[CLS] query [SEP] document [SEP]`, cut longest-first to the limit).
-    pub fn count_pairs(&self, query: &str, documents: &[String]) -> usize {
+    /// Tokens of the texts together (see `counts`).
+    pub fn count(&self, kind: TextKind, texts: &[String]) -> usize {
+        self.counts(kind, texts).iter().sum()
+    }
+
+    /// Tokens of each (query, document) pair, encoded as one sequence the way a cross-encoder
+    /// reads it (`[CLS] query [SEP] document [SEP]`, cut longest-first to the limit). The
+    /// query is tokenised once: a pair holds `specials + min(query + document, limit -
+    /// specials)` tokens, whichever text the longest-first rule cuts.
+    pub fn pair_counts(&self, query: &str, documents: &[String]) -> Vec<usize> {
         let estimate = || {
-            let query_tokens = estimate_tokens(&[query.to_string()]);
-            query_tokens * documents.len() + estimate_tokens(documents)
+            let query_tokens = self.estimate(query);
+            documents
+                .iter()
+                .map(|d| query_tokens + self.estimate(d))
+                .collect()
         };
         let Some(tokenizer) = &self.tokenizer else {
             return estimate();
         };
-        let mut total = 0;
+        // Without special tokens, cut at the limit: a pair never keeps more of either text.
+        let pieces = |text: &str| tokenizer.encode_fast(text, false).map(|e| e.len());
+        let Ok(query_pieces) = pieces(query) else {
+            return estimate();
+        };
+        let specials = self.pair_specials;
+        let budget = self.max_len.map(|n| n.saturating_sub(specials));
+        let mut counts = Vec::with_capacity(documents.len());
         for document in documents {
-            match tokenizer.encode((query, document.as_str()), true) {
-                Ok(encoding) => total += encoding.len().max(1),
-                Err(_) => return estimate(),
-            }
+            let Ok(document_pieces) = pieces(document) else {
+                return estimate();
+            };
+            let both = query_pieces + document_pieces;
+            let kept = budget.map_or(both, |budget| both.min(budget));
+            counts.push((specials + kept).max(1));
         }
-        total
+        counts
+    }
+
+    /// Tokens of the pairs together (see `pair_counts`).
+    pub fn count_pairs(&self, query: &str, documents: &[String]) -> usize {
+        self.pair_counts(query, documents).iter().sum()
+    }
+
+    /// Tokens of each input of a request as the runtime will batch it: embed texts with their
+    /// kind's prefix, classify texts as queries (the runtime encodes them so), a score
+    /// request's (query, document) pairs as one sequence each.
+    pub fn work_counts(&self, work: &Work) -> Vec<usize> {
+        match work {
+            Work::Embed { kind, texts } => self.counts(*kind, texts),
+            Work::Classify { texts } => self.counts(TextKind::Query, texts),
+            Work::Score { query, documents } => self.pair_counts(query, documents),
+        }
+    }
+
+    /// The estimate without a tokenizer: a quarter of the characters, at least one, at most
+    /// what the model reads.
+    fn estimate(&self, text: &str) -> usize {
+        (text.chars().count() / 4).clamp(1, self.read_tokens.max(1))
     }
 }
 
-/// Counts on the blocking pool when the request is large; the texts come back with the count.
-pub async fn count_tokens(
-    counter: &Arc<TokenCounter>,
-    kind: TextKind,
-    texts: Vec<String>,
-) -> (Vec<String>, usize) {
-    if texts.len() <= COUNT_INLINE_MAX_TEXTS || !counter.is_exact() {
-        let tokens = counter.count(kind, &texts);
-        return (texts, tokens);
-    }
+/// How many requests are cut and counted at once (tokio's blocking pool itself allows
+/// hundreds of threads; counting must leave the cores to the runtime).
+pub fn tokenising_slots() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().div_ceil(2))
+        .unwrap_or(1)
+        .clamp(1, 4)
+}
+
+fn tokenising() -> &'static Semaphore {
+    static SLOTS: OnceLock<Semaphore> = OnceLock::new();
+    SLOTS.get_or_init(|| Semaphore::new(tokenising_slots()))
+}
+
+/// Cuts the request's texts to what the model reads and counts each input's tokens (see
+/// `TokenCounter::work_counts`), on the blocking pool: however large the request, the async
+/// loop goes on sending heartbeats, pulling and replying meanwhile. The work comes back cut,
+/// with one count per input.
+pub async fn prepare(counter: &Arc<TokenCounter>, work: Work) -> (Work, Vec<usize>) {
+    let _slot = tokenising().acquire().await.expect("never closed");
     let counter = counter.clone();
-    let fallback = estimate_tokens(&texts);
-    let shared = Arc::new(texts);
-    let inner = shared.clone();
-    let counted = tokio::task::spawn_blocking(move || counter.count(kind, &inner)).await;
-    let texts = Arc::try_unwrap(shared).unwrap_or_else(|arc| (*arc).clone());
-    (texts, counted.unwrap_or(fallback))
-}
-
-/// Tokens of one request as the runtime will batch it: embed texts with their kind's prefix,
-/// classify texts as queries (the runtime encodes them so), a score request's (query,
-/// document) pairs as one sequence each, so the query counts once per document. Large requests
-/// are counted on the blocking pool; the work comes back with the count.
-pub async fn count_work(counter: &Arc<TokenCounter>, work: Work) -> (Work, usize) {
-    match work {
-        Work::Embed { kind, texts } => {
-            let (texts, tokens) = count_tokens(counter, kind, texts).await;
-            (Work::Embed { kind, texts }, tokens)
-        }
-        Work::Classify { texts } => {
-            let (texts, tokens) = count_tokens(counter, TextKind::Query, texts).await;
-            (Work::Classify { texts }, tokens)
-        }
-        Work::Score { query, documents } => {
-            if documents.len() <= COUNT_INLINE_MAX_TEXTS || !counter.is_exact() {
-                let tokens = counter.count_pairs(&query, &documents);
-                return (Work::Score { query, documents }, tokens);
-            }
-            let shared = Arc::new(Work::Score { query, documents });
-            let fallback = shared.tokens();
-            let (counter, inner) = (counter.clone(), shared.clone());
-            let counted = tokio::task::spawn_blocking(move || match &*inner {
-                Work::Score { query, documents } => counter.count_pairs(query, documents),
-                other => other.tokens(),
-            })
-            .await;
-            let work = Arc::try_unwrap(shared).unwrap_or_else(|arc| (*arc).clone());
-            (work, counted.unwrap_or(fallback))
-        }
+    let blocking = tokio::task::spawn_blocking(move || {
+        let mut work = work;
+        counter.cut(&mut work);
+        let counts = counter.work_counts(&work);
+        (work, counts)
+    });
+    match blocking.await {
+        Ok(prepared) => prepared,
+        // Only a panic inside the tokenizer gets here; the work went down with it.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 
@@ -184,6 +265,18 @@ pub async fn count_work(counter: &Arc<TokenCounter>, work: Work) -> (Work, usize
 /// text).
 pub fn estimate_tokens(texts: &[String]) -> usize {
     texts.iter().map(|t| (t.chars().count() / 4).max(1)).sum()
+}
+
+/// A head that reads a long text as windows (`head.json` of the adapter folder, see
+/// `serving/runtime/heads.py`): (window_stride, max_windows).
+fn head_windows(adapter: &Path) -> Option<(usize, usize)> {
+    let head = read_json(&adapter.join("head.json"))?;
+    let stride = head.get("window_stride")?.as_u64()?;
+    let max_windows = head
+        .get("max_windows")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(1);
+    Some((stride as usize, max_windows.min(1 << 16) as usize))
 }
 
 /// `tokenizer.json` of a sentence-transformers folder: at its root, else in the folder of its
@@ -241,6 +334,7 @@ fn read_json(path: &Path) -> Option<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A complete WordPiece `tokenizer.json` as transformers writes it for BERT.
     const WORDPIECE: &str = r###"{
@@ -271,7 +365,7 @@ mod tests {
     }"###;
 
     fn counter_in(dir: &Path, max_seq_length: Option<u32>) -> TokenCounter {
-        TokenCounter::load("m", dir, max_seq_length, ["query: ", ""])
+        TokenCounter::load("m", dir, None, max_seq_length, ["query: ", ""])
     }
 
     fn texts(list: &[&str]) -> Vec<String> {
@@ -334,17 +428,80 @@ mod tests {
             query: "der".into(),
             documents: documents.clone(),
         };
-        // Pairs as one sequence each, small or large (counted on the blocking pool).
-        assert_eq!(count_work(&counter, score.clone()).await, (score, 5 + 7));
-        let many = Work::Score {
-            query: "der".into(),
-            documents: vec!["Haus".to_string(); COUNT_INLINE_MAX_TEXTS + 1],
-        };
-        let (back, tokens) = count_work(&counter, many.clone()).await;
-        assert_eq!((back, tokens), (many, 5 * (COUNT_INLINE_MAX_TEXTS + 1)));
+        // Pairs as one sequence each, one count per document.
+        assert_eq!(prepare(&counter, score.clone()).await, (score, vec![5, 7]));
         let classify = Work::Classify { texts: documents };
-        let expected = counter.count(TextKind::Query, &texts(&["Haus", "Mieter Haus"]));
-        assert_eq!(count_work(&counter, classify).await.1, expected);
+        let expected = counter.counts(TextKind::Query, &texts(&["Haus", "Mieter Haus"]));
+        assert_eq!(prepare(&counter, classify).await.1, expected);
+    }
+
+    #[test]
+    fn pair_counts_equal_the_tokenizers_own_pair_encoding() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), WORDPIECE).unwrap();
+        let words = ["der", "haus", "mieter", "miet", "der haus"];
+        for limit in [None, Some(4), Some(7), Some(8), Some(12)] {
+            let counter = counter_in(dir.path(), limit);
+            let tokenizer = load_tokenizer(dir.path(), limit.map(|n| n as usize)).unwrap();
+            for q in 0..6 {
+                let query = words[q % words.len()].repeat(q);
+                let documents: Vec<String> = (0..6).map(|d| words[d % 5].repeat(d)).collect();
+                let expected: Vec<usize> = documents
+                    .iter()
+                    .map(|d| {
+                        tokenizer
+                            .encode((query.as_str(), d.as_str()), true)
+                            .unwrap()
+                            .len()
+                    })
+                    .collect();
+                assert_eq!(
+                    counter.pair_counts(&query, &documents),
+                    expected,
+                    "{limit:?} {query:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn texts_are_cut_to_what_the_model_reads_by_characters() {
+        let mut text = "ä".repeat(100);
+        cut_text(&mut text, 2);
+        assert_eq!(text, "ä".repeat(2 * CHARS_PER_TOKEN)); // characters, not bytes
+        cut_text(&mut text, 2);
+        assert_eq!(text.chars().count(), 2 * CHARS_PER_TOKEN);
+        let mut short = "kurz".to_string();
+        cut_text(&mut short, 1);
+        assert_eq!(short, "kurz");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), WORDPIECE).unwrap();
+        let counter = counter_in(dir.path(), Some(6));
+        assert_eq!(counter.read_tokens(), 6);
+        let mut work = Work::Score {
+            query: "der ".repeat(1000),
+            documents: vec!["haus ".repeat(1000), "haus".into()],
+        };
+        counter.cut(&mut work);
+        let Work::Score { query, documents } = &work else {
+            unreachable!()
+        };
+        assert_eq!(query.len(), 6 * CHARS_PER_TOKEN);
+        assert_eq!(documents[0].len(), 6 * CHARS_PER_TOKEN);
+        assert_eq!(documents[1], "haus");
+        // A head that reads windows reads more of each text.
+        let adapter = tempfile::tempdir().unwrap();
+        std::fs::write(
+            adapter.path().join("head.json"),
+            r#"{"kind": "classify", "window_stride": 3, "max_windows": 4}"#,
+        )
+        .unwrap();
+        let windows = TokenCounter::load("m", dir.path(), Some(adapter.path()), Some(6), ["", ""]);
+        assert_eq!(windows.read_tokens(), 6 + 3 * 3);
+        assert_eq!(
+            TokenCounter::estimating("m").read_tokens(),
+            UNKNOWN_LIMIT_TOKENS
+        );
     }
 
     #[test]
@@ -395,15 +552,65 @@ mod tests {
         assert!(!counter_in(dir.path(), None).is_exact());
     }
 
+    /// Counting runs on the blocking pool: on a one-thread runtime a ticking task keeps
+    /// ticking while a large request is counted (inline, it could not tick at all).
     #[tokio::test]
-    async fn large_requests_are_counted_off_the_loop_and_keep_their_texts() {
+    async fn requests_are_counted_off_the_loop_and_keep_their_texts() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tokenizer.json"), WORDPIECE).unwrap();
         let counter = Arc::new(counter_in(dir.path(), None));
         let many: Vec<String> = (0..2048).map(|i| format!("haus {i}")).collect();
-        let (back, tokens) = count_tokens(&counter, TextKind::Passage, many.clone()).await;
-        assert_eq!(back, many);
+        let work = Work::Embed {
+            kind: TextKind::Passage,
+            texts: many.clone(),
+        };
+        let (back, counts) = prepare(&counter, work.clone()).await;
+        assert_eq!(back, work);
         // [CLS] haus <digits as [UNK]> [SEP]: 4 per text (the digits are one unknown word).
-        assert_eq!(tokens, 4 * 2048);
+        assert_eq!(counts, vec![4; 2048]);
+
+        let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        };
+        // One text of 20 million characters with no model limit: cut to UNKNOWN_LIMIT_TOKENS
+        // x 16 characters, still the longest single count a request can ask for.
+        let huge = Work::Embed {
+            kind: TextKind::Passage,
+            texts: vec!["der haus ".repeat(20_000_000 / 9); 4],
+        };
+        tokio::task::yield_now().await;
+        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let (cut, counts) = prepare(&counter, huge).await;
+        let took = started.elapsed();
+        let ticked = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
+        ticker.abort();
+        // About two word pieces per 9 characters kept, [CLS] and [SEP].
+        assert_eq!(counts.len(), 4);
+        assert!(counts
+            .iter()
+            .all(|&c| c == counts[0] && c > 2 * 131_072 / 9));
+        let Work::Embed { texts, .. } = cut else {
+            unreachable!()
+        };
+        assert!(texts
+            .iter()
+            .all(|t| t.len() == UNKNOWN_LIMIT_TOKENS * CHARS_PER_TOKEN));
+        // The loop ran while the count did (a tick per millisecond or so; inline, none).
+        assert!(
+            took > Duration::from_millis(20),
+            "counted in {took:?}: too fast to tell"
+        );
+        assert!(
+            ticked >= took.as_millis() as u64 / 20,
+            "{ticked} ticks in {took:?}"
+        );
     }
 }
