@@ -10,7 +10,9 @@ harness and the soaks (``benchmarks/reliability.py``, ``benchmarks/scale_out.py`
 - :mod:`testbed.faults.injectors` - the faults: kill -9 of a sidecar or a runtime, a nats-server
   restart, a control-plane restart mid-promotion, a model memory budget filled up, poison input;
 - :mod:`testbed.faults.scenarios` - each fault as a scenario under a counted stream;
-- :mod:`testbed.faults.bad_inputs` - bad input by family, sent to a gateway.
+- :mod:`testbed.faults.bad_inputs` - bad input by family, sent to a gateway;
+- :mod:`testbed.faults.queue_caller` - requests put straight onto a task's queue, with the
+  headers a gateway sets (any ``Tf-Key``, any minimum epoch), timed to the worker's reply.
 
 Everything runs on loopback with real parts (nats-server, sidecar binary, PyTorch runtime).
 """
