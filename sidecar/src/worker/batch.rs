@@ -47,6 +47,8 @@ pub(super) struct TaskLoop {
     carry: FairQueue<Part>,
     /// Told when a batch's parts leave the runtime (the next parts of their requests may go).
     finished: Arc<Notify>,
+    /// When the requests waiting in `carry` are next sent progress acks.
+    next_keep_alive: tokio::time::Instant,
     /// Messages the consumer still held undelivered when the last one reached us.
     queued: u64,
     /// Counts tokens with the desired placement's tokenizer; rebuilt when the model changes,
@@ -73,6 +75,7 @@ impl TaskLoop {
             status,
             carry: FairQueue::default(),
             finished: Arc::new(Notify::new()),
+            next_keep_alive: tokio::time::Instant::now(),
             queued: 0,
             counter: None,
             batches: 0,
@@ -81,15 +84,14 @@ impl TaskLoop {
 
     pub(super) async fn run(&mut self, stop: CancellationToken) {
         while !stop.is_cancelled() {
-            // Pull only when the runtime can take another batch: the rest stays shared.
-            let Some(permit) = self.wait_for_capacity(&stop).await else {
-                break;
-            };
             // A pinned model loads without demand; report its epoch as soon as it serves.
             let desired = self.placement.borrow().clone();
             if self.workers.residency.is_loaded(&desired.model_key) {
                 self.mark_serving(&desired);
             }
+            // Wait for demand without a runtime slot: an idle task's loop holding one for its
+            // whole poll kept the worker's busy tasks waiting for it (slots go first come
+            // first served). One message is the most an idle loop takes ahead of capacity.
             if self.carry.is_empty() {
                 tokio::select! {
                     _ = self.pull(1, Some(IDLE_POLL)) => {}
@@ -99,6 +101,11 @@ impl TaskLoop {
                     continue;
                 }
             }
+            // More is pulled only when the runtime can take another batch: the rest stays
+            // shared with the other workers.
+            let Some(permit) = self.wait_for_capacity(&stop).await else {
+                break;
+            };
             let desired = self.placement.borrow().clone();
             let Some(serving) = self.choose_model(&desired) else {
                 self.wait_for_model(&desired, &stop).await;
@@ -111,6 +118,7 @@ impl TaskLoop {
                 if !self.carry.is_empty() {
                     // Only next parts of requests with a part running: wait for one to finish,
                     // looking for newly queued requests now and then.
+                    self.keep_alive_if_due().await;
                     tokio::select! {
                         _ = self.finished.notified() => {}
                         _ = tokio::time::sleep(BLOCKED_POLL) => {}
@@ -151,18 +159,29 @@ impl TaskLoop {
     ) -> Option<OwnedSemaphorePermit> {
         let acquire = self.workers.inflight.clone().acquire_owned();
         tokio::pin!(acquire);
-        let period = keep_alive_period(self.workers.config.ack_wait);
-        let mut keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             tokio::select! {
                 p = &mut acquire => return Some(p.expect("semaphore is never closed")),
                 _ = stop.cancelled() => return None,
-                _ = keep_alive.tick() => {
-                    for held in distinct(self.carry.iter()) {
-                        held.keep_alive().await;
-                    }
-                }
+                _ = tokio::time::sleep_until(self.next_keep_alive) => self.keep_alive().await,
             }
+        }
+    }
+
+    /// Progress acks for every request with parts waiting here. Due every third of
+    /// `ack_wait` whatever the loop does meanwhile: a request cut into parts stays with this
+    /// worker for many calls, and the loop may cycle far more often than that.
+    async fn keep_alive(&mut self) {
+        for held in distinct(self.carry.iter()) {
+            held.keep_alive().await;
+        }
+        let period = keep_alive_period(self.workers.config.ack_wait);
+        self.next_keep_alive = tokio::time::Instant::now() + period;
+    }
+
+    async fn keep_alive_if_due(&mut self) {
+        if tokio::time::Instant::now() >= self.next_keep_alive {
+            self.keep_alive().await;
         }
     }
 
@@ -307,7 +326,7 @@ impl TaskLoop {
                 // The server answers a fetch at once (messages, or "no messages"); the bound
                 // is for an answer lost on the way.
                 tokio::select! {
-                    _ = tokio::time::timeout(FETCH_BOUND, self.pull(room, None)) => {}
+                    _ = self.pull(room, None) => {}
                     _ = stop.cancelled() => return,
                 }
             }
@@ -354,7 +373,18 @@ impl TaskLoop {
             }
         };
         let mut count = 0;
-        while let Some(message) = messages.next().await {
+        loop {
+            let next = match expires {
+                Some(_) => messages.next().await,
+                // The server answers a fetch at once (messages, or "no messages"): the bound
+                // is for an answer lost on the way, and covers receiving only, never intake.
+                None => tokio::time::timeout(FETCH_BOUND, messages.next())
+                    .await
+                    .unwrap_or(None),
+            };
+            let Some(message) = next else {
+                break;
+            };
             let message = match message {
                 Ok(message) => message,
                 Err(e) => {

@@ -5,14 +5,15 @@
 //! come first served within a key. A call is filled by taking, again and again, the front part
 //! of the key that has had the fewest tokens of this worker's calls so far (on a tie the
 //! smaller part, then the key's name), until the next one would pass the call's token budget.
-//! A key that starts waiting starts level with the least-served key already waiting, so time
-//! spent idle is no credit to spend later. A key whose front part may not go now (a part of
-//! the same request is running) is passed over. Tokens stand for worker time (a forward pass costs
-//! its tokens). So a key with a backlog of huge requests gets the runtime one call at a time,
-//! and another key's small request waits for the calls already sent to the runtime, not for
-//! the backlog.
+//! A key that starts waiting again keeps what it was served before, but no less than the level
+//! of the key last taken from (start-time fair queueing): time spent idle is no credit to spend
+//! later, and a key sending small requests one after another cannot starve one that waits. A
+//! key whose front part may not go now (a part of the same request is running) is passed over.
+//! Tokens stand for worker time (a forward pass costs its tokens). So a key with a backlog of
+//! huge requests gets the runtime one call at a time, and another key's small request waits
+//! for the calls already sent to the runtime, not for the backlog.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// What the queue needs to know of a waiting part.
 pub trait Queued {
@@ -38,12 +39,18 @@ struct KeyQueue<T> {
 /// Per-key queues of parts; never holds an empty queue.
 pub struct FairQueue<T> {
     keys: BTreeMap<String, KeyQueue<T>>,
+    /// What keys with nothing waiting had been served, while above `floor`.
+    idle: HashMap<String, u64>,
+    /// The served level of the key last taken from: where a newly waiting key starts.
+    floor: u64,
 }
 
 impl<T: Queued> Default for FairQueue<T> {
     fn default() -> Self {
         Self {
             keys: BTreeMap::new(),
+            idle: HashMap::new(),
+            floor: 0,
         }
     }
 }
@@ -54,12 +61,12 @@ impl<T: Queued> FairQueue<T> {
             queue.items.push_back(item);
             return;
         }
-        let level = self.keys.values().map(|q| q.served).min().unwrap_or(0);
+        let served = self.idle.remove(item.key()).unwrap_or(0).max(self.floor);
         self.keys.insert(
             item.key().to_string(),
             KeyQueue {
                 items: VecDeque::from([item]),
-                served: level,
+                served,
             },
         );
     }
@@ -99,7 +106,7 @@ impl<T: Queued> FairQueue<T> {
             picked.extend(out);
             queue.items = kept;
         }
-        self.keys.retain(|_, q| !q.items.is_empty());
+        self.retire_empty();
         picked
     }
 
@@ -116,6 +123,7 @@ impl<T: Queued> FairQueue<T> {
         }) {
             let queue = self.keys.get_mut(&key).expect("next_key names a queue");
             let item = queue.items.pop_front().expect("queues are never empty");
+            self.floor = self.floor.max(queue.served);
             queue.served += item.tokens() as u64;
             tokens += item.tokens();
             batch.push(item);
@@ -123,9 +131,14 @@ impl<T: Queued> FairQueue<T> {
                 queue.items.pop_front();
             }
             if queue.items.is_empty() {
+                let served = queue.served;
                 self.keys.remove(&key);
+                self.idle.insert(key, served);
             }
         }
+        // A key at or below the floor would start there anyway: forget it.
+        let floor = self.floor;
+        self.idle.retain(|_, served| *served > floor);
         batch
     }
 
@@ -145,7 +158,22 @@ impl<T: Queued> FairQueue<T> {
         for queue in self.keys.values_mut() {
             queue.items.retain(|item| !item.is_gone());
         }
-        self.keys.retain(|_, q| !q.items.is_empty());
+        self.retire_empty();
+    }
+
+    /// Queues left empty go, remembering what their key was served.
+    fn retire_empty(&mut self) {
+        let empty: Vec<String> = self
+            .keys
+            .iter()
+            .filter(|(_, q)| q.items.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in empty {
+            if let Some(queue) = self.keys.remove(&key) {
+                self.idle.insert(key, queue.served);
+            }
+        }
     }
 }
 
@@ -226,6 +254,31 @@ mod tests {
     }
 
     #[test]
+    fn small_requests_one_after_another_do_not_starve_a_waiting_key() {
+        let mut queue = FairQueue::default();
+        for id in 0..4 {
+            queue.push(item("heavy", 100, id));
+        }
+        let mut heavy_taken = Vec::new();
+        for round in 0..100 {
+            // "light" always has its next request waiting when a call is formed.
+            queue.push(item("light", 5, 1000 + round));
+            for part in queue.take_batch(100) {
+                if part.key == "heavy" {
+                    heavy_taken.push(round);
+                }
+            }
+        }
+        // Light keeps what it was served while idle for a moment: every ~20 of its requests
+        // (5 tokens each) the heavy key's next part (100) gets its turn.
+        assert_eq!(heavy_taken.len(), 4, "{heavy_taken:?}");
+        assert!(
+            heavy_taken.windows(2).all(|w| w[1] - w[0] <= 25),
+            "{heavy_taken:?}"
+        );
+    }
+
+    #[test]
     fn two_busy_keys_share_calls_by_tokens() {
         let mut queue = FairQueue::default();
         for id in 0..100 {
@@ -253,9 +306,9 @@ mod tests {
             ..item("b", 1, 3)
         });
         queue.push(item("b", 60, 4));
-        // b arrived level with a (50 served): the smaller front, a's 50, goes first.
-        assert_eq!(ids(&queue.take_batch(50)), [2]);
+        // b starts where a's part started (0), below a's 50 served: b's part goes first.
         assert_eq!(ids(&queue.take_batch(50)), [4]);
+        assert_eq!(ids(&queue.take_batch(50)), [2]);
         // A blocked front holds its key back, not the others.
         queue.push(item("c", 1, 9001));
         queue.push(item("c", 1, 6));
