@@ -20,6 +20,7 @@ import msgpack
 import nats
 from nats.js.object_store import ObjectStore
 
+from contract import HEADERS
 from serving import nats_layout
 from serving.protocol import (
     AnyReplyOk,
@@ -119,15 +120,15 @@ class QueueCaller:
         gateway puts them) and wait for its reply until its deadline (and 5 s more)."""
         request_id = uuid.uuid4().hex
         headers = {
-            "Nats-Msg-Id": request_id,
-            "Tf-Request-Id": request_id,
-            "Tf-Reply": self.prefix + request_id,
-            "Tf-Deadline": str(int(time.time() * 1000) + timeout_ms),
+            HEADERS.msg_id: request_id,
+            HEADERS.request_id: request_id,
+            HEADERS.reply: self.prefix + request_id,
+            HEADERS.deadline: str(int(time.time() * 1000) + timeout_ms),
         }
         if key is not None:
-            headers["Tf-Key"] = key
+            headers[HEADERS.key] = key
         if min_epoch is not None:
-            headers["Tf-Min-Epoch"] = str(min_epoch)
+            headers[HEADERS.min_epoch] = str(min_epoch)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         started = time.monotonic()
