@@ -1,7 +1,7 @@
 //! The one error type of the sidecar. Inner code returns precise variants; the worker turns
 //! them into the public error shape (`ErrorBody`) at the edge, when it replies to a request.
 
-use crate::protocol::ErrorBody;
+use crate::protocol::{Code, ErrorBody};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -54,18 +54,15 @@ impl Error {
         }
     }
 
-    /// The public error shape for a reply to the requester.
+    /// The public error shape for a reply to the requester, retryable as contract/shared.toml
+    /// declares its code (a runtime's own body as it said).
     pub fn to_body(&self) -> ErrorBody {
         match self {
             Error::Runtime(body) => body.clone(),
-            Error::BadPayload(message) => ErrorBody::new("BAD_REQUEST", message, false),
-            Error::RuntimeUnavailable(message) => {
-                ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
-            }
-            Error::ReplyUndeliverable(message) => {
-                ErrorBody::new("REPLY_UNDELIVERABLE", message, false)
-            }
-            other => ErrorBody::new("INTERNAL", &other.to_string(), true),
+            Error::BadPayload(message) => ErrorBody::new(Code::BadRequest, message),
+            Error::RuntimeUnavailable(message) => ErrorBody::new(Code::RuntimeUnavailable, message),
+            Error::ReplyUndeliverable(message) => ErrorBody::new(Code::ReplyUndeliverable, message),
+            other => ErrorBody::new(Code::Internal, &other.to_string()),
         }
     }
 

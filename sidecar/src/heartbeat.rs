@@ -9,10 +9,11 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::protocol::{self, WorkerHeartbeat, PROTOCOL_VERSION};
 use crate::residency::Residency;
 use crate::runtime::supervisor::Runtime;
-use crate::worker::{now_ms, TaskStatuses};
+use crate::worker::TaskStatuses;
 
 pub struct Heartbeat {
     pub worker_id: String,
@@ -88,6 +89,15 @@ impl Heartbeat {
             Err(e) => tracing::warn!(error = %e, "heartbeat not stored"),
         }
     }
+}
+
+/// A worker id is a KV key of bucket `workers`: letters (any case: it defaults to the host
+/// name), digits, '-' and '_'.
+pub fn valid_worker_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// This machine's host name, for heartbeats.

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::contract;
 use crate::error::{Error, Result};
 use crate::protocol::{self, Placement};
 
@@ -95,18 +96,17 @@ fn put(tx: &watch::Sender<Placements>, task: String, placement: Placement) {
     });
 }
 
-/// Task names become NATS subject tokens and consumer names, so they are kept simple.
+/// Task names become NATS subject tokens and consumer names: the registry's rule
+/// (contract/shared.toml `[task_name]`), which the gateway applies too.
 pub fn valid_task_name(task: &str) -> bool {
-    !task.is_empty()
-        && task
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    contract::declared().task_name.allows(task)
 }
 
 fn validate(key: &str, placement: &Placement) -> Result<()> {
     if !valid_task_name(key) {
         return Err(Error::BadPayload(format!(
-            "task name {key:?} may hold only letters, digits, '-' and '_'"
+            "task name {key:?} cannot be served: a task name holds {}",
+            contract::declared().task_name.describe()
         )));
     }
     if placement.task != key {

@@ -24,7 +24,7 @@ use super::{
     RuntimeStats, CAP_EMBED,
 };
 use crate::error::{Error, Result};
-use crate::protocol::{Embeddings, InferItem, LoadRequest, ModelStats};
+use crate::protocol::{Code, Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats};
 
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
@@ -138,9 +138,8 @@ impl HttpRuntime {
         let response = checked(response).await?;
         let list: ModelList = response.json().await.map_err(|e| {
             failure(
-                "LOAD_FAILED",
+                Code::LoadFailed,
                 format!("the engine's model list is not OpenAI-shaped: {e}"),
-                false,
             )
         })?;
         Ok(Some(list.data.into_iter().map(|m| m.id).collect()))
@@ -150,17 +149,16 @@ impl HttpRuntime {
         let served = self.served_models().await?;
         match (&self.config.model, served) {
             (Some(model), Some(served)) if !served.contains(model) => Err(failure(
-                "LOAD_FAILED",
+                Code::LoadFailed,
                 format!(
                     "the engine at {} does not serve model {model:?} (it serves {served:?})",
                     self.config.base_url
                 ),
-                false,
             )),
             (Some(model), _) => Ok(model.clone()),
             (None, Some(served)) if served.len() == 1 => Ok(served[0].clone()),
             (None, served) => Err(failure(
-                "LOAD_FAILED",
+                Code::LoadFailed,
                 format!(
                     "the engine at {} serves {}: name one with --http-model",
                     self.config.base_url,
@@ -169,7 +167,6 @@ impl HttpRuntime {
                         None => "no model list".into(),
                     }
                 ),
-                false,
             )),
         }
     }
@@ -192,9 +189,8 @@ impl HttpRuntime {
             checked(sent.map_err(|e| unreachable_engine(&self.config.base_url, &e))?).await?;
         let body: EmbeddingsResponse = response.json().await.map_err(|e| {
             failure(
-                "INFER_FAILED",
+                Code::InferFailed,
                 format!("the engine's answer is not OpenAI-shaped: {e}"),
-                false,
             )
         })?;
         rows_in_order(body.data, texts.len())
@@ -207,21 +203,19 @@ fn rows_in_order(mut data: Vec<EmbeddingRow>, expected: usize) -> Result<Vec<Vec
     let indices_ok = data.iter().enumerate().all(|(i, row)| row.index == i);
     if data.len() != expected || !indices_ok {
         return Err(failure(
-            "INFER_FAILED",
+            Code::InferFailed,
             format!(
                 "the engine answered {} embeddings for {expected} inputs",
                 data.len()
             ),
-            false,
         ));
     }
     let dims = data.first().map(|row| row.embedding.len()).unwrap_or(0);
     for row in &data {
         if row.embedding.len() != dims || row.embedding.iter().any(|v| !v.is_finite()) {
             return Err(failure(
-                "INFER_FAILED",
+                Code::InferFailed,
                 "the engine answered embeddings of unequal sizes or non-finite values",
-                false,
             ));
         }
     }
@@ -248,8 +242,10 @@ async fn checked(response: reqwest::Response) -> Result<reqwest::Response> {
     let message = format!("engine answered {status}: {detail}");
     Err(match status.as_u16() {
         408 | 429 | 502 | 503 | 504 => Error::RuntimeUnavailable(message),
-        400 | 413 | 422 => failure("BAD_REQUEST", message, false),
-        _ => failure("INFER_FAILED", message, status.is_server_error()),
+        400 | 413 | 422 => failure(Code::BadRequest, message),
+        _ => Error::Runtime(
+            ErrorBody::new(Code::InferFailed, &message).retryable(status.is_server_error()),
+        ),
     })
 }
 
@@ -275,12 +271,11 @@ impl Backend for HttpRuntime {
     async fn load(&self, request: LoadRequest) -> Result<u64> {
         if let Some(adapter) = &request.adapter_path {
             return Err(failure(
-                "LOAD_FAILED",
+                Code::LoadFailed,
                 format!(
                     "the http runtime serves the engine's model as it is and cannot apply the \
                      LoRA adapter {adapter}; place this candidate on a torch or candle worker"
                 ),
-                false,
             ));
         }
         {
@@ -343,9 +338,8 @@ impl Backend for HttpRuntime {
             let dims = item_rows.first().map(Vec::len).unwrap_or(0);
             if item_rows.iter().any(|row| row.len() != dims) {
                 return Err(failure(
-                    "INFER_FAILED",
+                    Code::InferFailed,
                     "the engine answered embeddings of unequal sizes",
-                    false,
                 ));
             }
             results.push(embeddings(dims, &item_rows));

@@ -18,10 +18,11 @@ use super::intake::{self, Envelope, Work};
 use super::outcome::Settler;
 use super::parts::{self, Answer, Held, Part};
 use super::tokens::{self, TokenCounter};
-use super::{now_ms, TaskStatus, Workers};
+use super::{TaskStatus, Workers};
+use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{ClassifyItem, ErrorBody, InferItem, Placement, ScoreItem};
+use crate::protocol::{ClassifyItem, Code, ErrorBody, InferItem, Placement, ScoreItem};
 use crate::residency::Readiness;
 use crate::runtime::Backend;
 
@@ -306,7 +307,7 @@ impl TaskLoop {
              workers of task {:?} still serve epoch {serving}; retry once the newer epoch loads",
             envelope.min_epoch, self.task
         );
-        let error = ErrorBody::new("EPOCH_BEHIND", &message, true);
+        let error = ErrorBody::new(Code::EpochBehind, &message);
         let settler = self.settler.clone();
         tokio::spawn(async move { settler.hand_back(envelope, error).await });
     }
@@ -557,9 +558,8 @@ async fn run_batch(
             // make one reply, so the request runs again from the start.
             if let Some(envelope) = part.held.take() {
                 let error = ErrorBody::new(
-                    "MODEL_NOT_LOADED",
+                    Code::ModelNotLoaded,
                     "the task's model changed while this request ran in parts; it runs again",
-                    true,
                 );
                 settler.hand_back(envelope, error).await;
             }
@@ -574,7 +574,7 @@ async fn run_batch(
         // Evicted or lost with a runtime restart between choosing and running.
         for held in distinct(&live) {
             if let Some(envelope) = held.take() {
-                let error = ErrorBody::new("MODEL_NOT_LOADED", "the model was unloaded", true);
+                let error = ErrorBody::new(Code::ModelNotLoaded, "the model was unloaded");
                 settler.hand_back(envelope, error).await;
             }
         }
@@ -611,7 +611,7 @@ async fn run_batch(
                 "batch done"
             );
         }
-        Err(Error::Runtime(body)) if body.code == "DEADLINE_EXCEEDED" => {
+        Err(Error::Runtime(body)) if body.is(Code::DeadlineExceeded) => {
             // The runtime dropped it unrun: every deadline had passed while it queued there.
             drop(permit);
             for held in distinct(&live) {

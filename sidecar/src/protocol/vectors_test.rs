@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::*;
+use crate::error::Result;
 
 type Roundtrip = fn(&[u8]) -> Result<Vec<u8>>;
 
