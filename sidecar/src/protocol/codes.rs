@@ -123,7 +123,7 @@ mod tests {
     fn every_code_the_sidecar_emits_is_declared_with_its_retryability() {
         let declared = &contract::declared().error_codes;
         for code in Code::ALL {
-            let rule = declared.get(code.as_str()).expect(code.as_str());
+            let rule = &declared[code.as_str()];
             let body = ErrorBody::new(code, "m");
             assert_eq!(
                 (body.code.as_str(), body.retryable),
