@@ -1,7 +1,9 @@
 """Rerank candidates: order each query's candidate list (the ``rerank`` suite kind).
 
-- ``BM25Reranker`` — the lexical baseline: BM25 over the suite's documents, the same tokenizer
-  and parameters as the retrieval baseline;
+- ``BaselineReranker`` — the lexical baseline: a fitted ``bm25`` artifact (the term statistics
+  of the suite's corpus, the retrieval baseline's tokenizer and parameters) scoring the given
+  documents with serving/runtime/lexical.py, as the runtime serves it; ``BM25Reranker`` fits
+  one at eval time for a candidate registered without one;
 - ``RandomReranker`` — candidates in a seeded random order (what "no model" scores);
 - ``BiEncoderReranker`` — cosine of query and passage embeddings (an embedding model, with or
   without a LoRA), through the embedding cache;
@@ -11,11 +13,14 @@
 
 from __future__ import annotations
 
+import tempfile
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from evals.baselines import BM25_B, BM25_K1
 from evals.cache import EmbeddingCache
+from evals.errors import CandidateError
 from evals.rerank_data import RerankSplit, shuffled
 from evals.retrievers import (
     DenseRetriever,
@@ -24,41 +29,56 @@ from evals.retrievers import (
     RetrievalOutput,
     measured_cost,
     no_progress,
-    tokenize_german,
 )
 
 if TYPE_CHECKING:
     from serving.runtime.encoder import ModelSpec
 
 
-class BM25Reranker:
-    def __init__(self, *, k1: float = 1.5, b: float = 0.75) -> None:
-        self.k1 = k1
-        self.b = b
+class BaselineReranker:
+    """A fitted ``bm25`` artifact folder scoring each query's candidates with serving/runtime's
+    code (the runtime's ``score`` op runs the same)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
 
     def rerank(self, data: RerankSplit, progress: ProgressFn = no_progress) -> RetrievalOutput:
-        import time
+        from serving.runtime.baselines import BaselineError, load_baseline
+        from serving.runtime.lexical import Bm25
 
-        import bm25s
-
+        try:
+            model = load_baseline(self.folder)
+        except BaselineError as exc:
+            raise CandidateError(str(exc)) from None
+        if not isinstance(model, Bm25):
+            raise CandidateError(f"{self.folder} is not a bm25 artifact")
         started = time.perf_counter()
-        doc_ids = list(data.corpus)
-        position = {d: i for i, d in enumerate(doc_ids)}
-        index = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
-        index.index([tokenize_german(data.corpus[d]) for d in doc_ids], show_progress=False)
         results: Results = {}
         for qid, candidates in data.candidates.items():
-            ids = index.get_tokens_ids(tokenize_german(data.queries[qid]))
-            row = (
-                np.asarray(index.get_scores_from_ids(ids), dtype=np.float64)
-                if ids
-                else np.zeros(len(doc_ids))
-            )
-            results[qid] = {d: float(row[position[d]]) for d in candidates}
+            scores = model.score(data.queries[qid], [data.corpus[d] for d in candidates])
+            results[qid] = {d: float(s) for d, s in zip(candidates, scores, strict=True)}
             progress("query", 1, len(data.candidates))
         seconds = time.perf_counter() - started
         cost = {"items_per_s": data.pairs / seconds if seconds > 0 else 0.0}
         return RetrievalOutput(results=results, cost=cost)
+
+
+class BM25Reranker:
+    """BM25 for a candidate registered without an artifact: the term statistics of the
+    documents the split's candidate lists name, fitted at eval time into a temporary artifact
+    and scored as ``BaselineReranker``."""
+
+    def __init__(self, *, k1: float = BM25_K1, b: float = BM25_B) -> None:
+        self.k1 = k1
+        self.b = b
+
+    def rerank(self, data: RerankSplit, progress: ProgressFn = no_progress) -> RetrievalOutput:
+        from evals.baselines import fit_bm25
+
+        with tempfile.TemporaryDirectory(prefix="taskfleet-bm25-") as tmp:
+            folder = Path(tmp) / "bm25"
+            fit_bm25(list(data.corpus.values()), folder, k1=self.k1, b=self.b)
+            return BaselineReranker(folder).rerank(data, progress)
 
 
 class RandomReranker:

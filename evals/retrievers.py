@@ -8,8 +8,6 @@ scores a sentence-transformers model.
 
 from __future__ import annotations
 
-import functools
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -199,27 +197,20 @@ def cost_figures(cost: CachedCost) -> dict[str, float]:
     }
 
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
-@functools.cache
-def german_stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_GERMAN
-
-    return frozenset(STOPWORDS_GERMAN)
-
-
 def tokenize_german(text: str) -> list[str]:
     """Lowercase, runs of Unicode word characters (umlauts and ß kept, '§' dropped), minus
-    bm25s's German stopword list.
+    bm25s's German stopword list (``serving.runtime.lexical.tokenize_words``, which the served
+    BM25 baseline runs too).
 
     Stopwords matter here: lay questions are long (median ~1,100 characters) and full of
     "ich", "und", "der", and BM25 adds every query occurrence, so they drown the content words
     (GerLayQA eval nDCG@10: 0.050 with them, 0.068 without). No stemming: German
     decompounding/stemming is a modelling choice of its own, kept out of the baseline.
     """
-    stop = german_stopwords()
-    return [w for w in _WORD.findall(text.lower()) if w not in stop]
+    from evals.baselines import german_stopwords
+    from serving.runtime.lexical import tokenize_words
+
+    return tokenize_words(text, german_stopwords())
 
 
 class BM25Retriever:
