@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evals.classification_data import ClassificationSplit
+from evals.cost import metered
 from evals.errors import CandidateError
 from evals.harness import ClassificationOutput
 from evals.retrievers import ProgressFn, measured_cost, no_progress
@@ -64,24 +65,26 @@ class BaselineClassifier:
         from serving.runtime.baselines import BaselineError, load_baseline
         from serving.runtime.lexical import TfidfLogReg
 
-        try:
-            model = load_baseline(self.folder)
-        except BaselineError as exc:
-            raise CandidateError(str(exc)) from None
-        if not isinstance(model, TfidfLogReg):
-            raise CandidateError(f"{self.folder} is not a tfidf-lr artifact")
-        unknown = sorted(set(model.labels) - set(data.label_names))
-        if unknown:
-            raise CandidateError(
-                f"the tfidf-lr artifact predicts label(s) the suite does not declare: "
-                f"{', '.join(unknown)}"
-            )
-        started = time.perf_counter()
-        probabilities = model.predict_proba(data.texts)
-        seconds = time.perf_counter() - started
+        with metered() as usage:
+            try:
+                model = load_baseline(self.folder)
+            except BaselineError as exc:
+                raise CandidateError(str(exc)) from None
+            if not isinstance(model, TfidfLogReg):
+                raise CandidateError(f"{self.folder} is not a tfidf-lr artifact")
+            unknown = sorted(set(model.labels) - set(data.label_names))
+            if unknown:
+                raise CandidateError(
+                    f"the tfidf-lr artifact predicts label(s) the suite does not declare: "
+                    f"{', '.join(unknown)}"
+                )
+            started = time.perf_counter()
+            probabilities = model.predict_proba(data.texts)
+            seconds = time.perf_counter() - started
         progress("items", len(data.ids), len(data.ids))
         predictions = [model.labels[i] for i in np.argmax(probabilities, axis=1)]
         cost = {"items_per_s": len(data.ids) / seconds if seconds > 0 else 0.0}
+        cost.update(usage.figures(len(data.ids)))
         return ClassificationOutput(predictions, cost=cost)
 
 

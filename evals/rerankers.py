@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from evals.baselines import BM25_B, BM25_K1
 from evals.cache import EmbeddingCache
+from evals.cost import metered
 from evals.errors import CandidateError
 from evals.rerank_data import RerankSplit, shuffled
 from evals.retrievers import (
@@ -46,20 +47,22 @@ class BaselineReranker:
         from serving.runtime.baselines import BaselineError, load_baseline
         from serving.runtime.lexical import Bm25
 
-        try:
-            model = load_baseline(self.folder)
-        except BaselineError as exc:
-            raise CandidateError(str(exc)) from None
-        if not isinstance(model, Bm25):
-            raise CandidateError(f"{self.folder} is not a bm25 artifact")
-        started = time.perf_counter()
-        results: Results = {}
-        for qid, candidates in data.candidates.items():
-            scores = model.score(data.queries[qid], [data.corpus[d] for d in candidates])
-            results[qid] = {d: float(s) for d, s in zip(candidates, scores, strict=True)}
-            progress("query", 1, len(data.candidates))
-        seconds = time.perf_counter() - started
+        with metered() as usage:
+            try:
+                model = load_baseline(self.folder)
+            except BaselineError as exc:
+                raise CandidateError(str(exc)) from None
+            if not isinstance(model, Bm25):
+                raise CandidateError(f"{self.folder} is not a bm25 artifact")
+            started = time.perf_counter()
+            results: Results = {}
+            for qid, candidates in data.candidates.items():
+                scores = model.score(data.queries[qid], [data.corpus[d] for d in candidates])
+                results[qid] = {d: float(s) for d, s in zip(candidates, scores, strict=True)}
+                progress("query", 1, len(data.candidates))
+            seconds = time.perf_counter() - started
         cost = {"items_per_s": data.pairs / seconds if seconds > 0 else 0.0}
+        cost.update(usage.figures(data.pairs))
         return RetrievalOutput(results=results, cost=cost)
 
 
@@ -120,7 +123,10 @@ class BiEncoderReranker:
             candidates = data.candidates[qid]
             scores = cosine_scores(vector, docs[[row[d] for d in candidates]])
             results[qid] = {d: float(s) for d, s in zip(candidates, scores, strict=True)}
-        return RetrievalOutput(results=results, cost=measured_cost(stats) if stats.items else {})
+        cost = measured_cost(stats) if stats.items else {}
+        # Per text encoded: a served pair costs about one passage encoding.
+        cost.update(self.dense.resource_figures())
+        return RetrievalOutput(results=results, cost=cost)
 
 
 class CrossEncoderReranker:

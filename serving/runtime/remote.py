@@ -198,6 +198,11 @@ class _RemoteModel:
             self.runtime.close()
             raise
 
+    @property
+    def runtime_pid(self) -> int:
+        """The runtime process, whose CPU and memory an eval counts as the candidate's cost."""
+        return self.runtime.process.pid
+
     def close(self) -> None:
         self.runtime.close()
 
