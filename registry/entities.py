@@ -328,3 +328,16 @@ class PromotionCheck:
     champion_run_id: int | None = None
     runtime: str | None = None  # the runtime the challenger would be placed on
     champion_runtime: str | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What a task should serve under its preference (registry/recommendation.py), and why."""
+
+    task: str
+    prefer: str  # "best" | "cheapest"
+    candidate: str | None  # None: nothing servable has a run on the suite version
+    runtime: str | None
+    reason: str  # the one line that says why
+    considered: list[str]  # one line per other candidate: why it was not chosen
+    champion: str | None = None
