@@ -395,7 +395,10 @@ def up(
         0, "--http-workers", min=0, help="Workers driving an OpenAI-compatible engine."
     ),
     http_url: str | None = typer.Option(
-        None, "--http-url", help="The engine's base URL for --http-workers."
+        None,
+        "--http-url",
+        help="The engine's base URL for --http-workers (none: they serve endpoint models only, "
+        "each at the URL it was registered with).",
     ),
     http_model: str | None = typer.Option(
         None, "--http-model", help="The engine's model id (default: its only one)."

@@ -106,18 +106,18 @@ def runtime_args(
     http_model: str | None = None,
 ) -> list[str]:
     """The sidecar flags that give it its runtime: torch starts the Python runtime over a
-    socket; candle runs inside the sidecar; http drives the engine at ``http_url``."""
+    socket; candle runs inside the sidecar; http drives the engine at ``http_url``, and any
+    endpoint model at the URL of its own record (without ``http_url``: endpoint models only)."""
     if runtime == "torch":
         args = ["--runtime", "torch", "--runtime-cmd", runtime_command(python, device)]
         return args + (["--runtime-socket", str(socket_path)] if socket_path else [])
     if runtime == "candle":
         return ["--runtime", "candle"]
     if runtime == "http":
-        if not http_url:
-            raise StackError("http workers need the engine's base URL (--http-url)")
-        return ["--runtime", "http", "--http-base-url", http_url] + (
-            ["--http-model", http_model] if http_model else []
-        )
+        if http_url and not http_url.startswith(("http://", "https://")):
+            raise StackError(f"--http-url {http_url!r} must start with http:// or https://")
+        engine = ["--http-base-url", http_url] if http_url else []
+        return ["--runtime", "http", *engine] + (["--http-model", http_model] if http_model else [])
     raise StackError(f"unknown runtime {runtime!r}; known: torch, candle, http")
 
 
@@ -339,8 +339,6 @@ async def run_stack(
 
     if any(count < 0 for _, count in config.worker_kinds()):
         raise StackError("worker counts must be >= 0")
-    if config.http_workers and not config.http_url:
-        raise StackError("--http-workers needs --http-url (the engine's base URL)")
     if config.nats_cluster < 1:
         raise StackError("--nats-cluster must be >= 1")
     if config.nats_url and config.nats_cluster > 1:
