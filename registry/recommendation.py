@@ -86,7 +86,7 @@ def _cheapest(
     best: Option, servable: Sequence[Option], margin: float
 ) -> tuple[Option, str, list[str]]:
     """The cheapest of the best and the candidates non-inferior to it, and the lines why."""
-    from registry.stats import paired_run_difference
+    from registry.bootstrap import paired_run_difference
 
     metric = best.run.main_metric
     lines: list[str] = []
