@@ -22,6 +22,7 @@ import numpy as np
 
 from evals.classification_data import ClassificationSplit
 from evals.errors import CandidateError
+from evals.suites import SuiteSpec
 
 TFIDF_MAX_NGRAM = 2
 BM25_K1 = 1.5
@@ -120,3 +121,27 @@ def fit_bm25(
         stopwords=sorted(stopwords),
         fitted_on={**dict(fitted_on or {}), "documents": len(corpus)},
     )
+
+
+def fit_on_suite(
+    kind: str, suite: SuiteSpec, target: Path, *, data_root: Path | None = None
+) -> dict[str, Any]:
+    """Fit ``kind`` on a registered suite version (its data checked against the registered
+    fingerprint): tfidf-lr on the training split, bm25 on the whole corpus of a rerank suite."""
+    from evals.beir import read_corpus
+
+    fingerprint = suite.checked_fingerprint(data_root)
+    lineage = {"suite": suite.name, "suite_version": suite.version, "fingerprint": fingerprint}
+    if kind == "tfidf-lr" and suite.kind == "classification":
+        if suite.train_split is None:
+            raise CandidateError(
+                f"tfidf-lr is fitted on a training split, and suite {suite.name!r} declares "
+                "none (register it with --train-split)"
+            )
+        train = suite.load(suite.train_split, data_root)
+        assert isinstance(train, ClassificationSplit)
+        return fit_tfidf_lr(train, target, fitted_on={**lineage, "split": suite.train_split})
+    if kind == "bm25" and suite.kind == "rerank":
+        corpus = read_corpus(suite.data_dir(data_root) / "corpus.jsonl")
+        return fit_bm25(list(corpus.values()), target, fitted_on={**lineage, "split": "corpus"})
+    raise CandidateError(f"a {kind} baseline is not fitted on a {suite.kind} suite")

@@ -34,6 +34,7 @@ from evals.retrievers import (
 
 if TYPE_CHECKING:
     from serving.runtime.encoder import ModelSpec
+    from serving.runtime.remote import RuntimeTarget
 
 
 class BaselineReranker:
@@ -106,6 +107,9 @@ class BiEncoderReranker:
     def __init__(self, dense: DenseRetriever) -> None:
         self.dense = dense
 
+    def close(self) -> None:
+        self.dense.close()
+
     def rerank(self, data: RerankSplit, progress: ProgressFn = no_progress) -> RetrievalOutput:
         from serving.runtime.encoder import EncodeStats
         from serving.runtime.scorer import cosine_scores
@@ -130,16 +134,40 @@ class BiEncoderReranker:
 
 
 class CrossEncoderReranker:
-    def __init__(self, spec: ModelSpec, *, max_batch_tokens: int | None = None) -> None:
+    """Scores each (query, passage) pair: a base + adapter with a ``score`` head in-process, or
+    through a runtime of the sidecar (``runtime``: a rerank endpoint through http), each with
+    the code that serves it."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        max_batch_tokens: int | None = None,
+        runtime: RuntimeTarget | None = None,
+    ) -> None:
         self.spec = spec
         self.max_batch_tokens = max_batch_tokens
+        self.runtime = runtime
         self._scorer: Any = None
+
+    @property
+    def runtime_pid(self) -> int | None:
+        return getattr(self._scorer, "runtime_pid", None)
+
+    def close(self) -> None:
+        close = getattr(self._scorer, "close", None)
+        if close is not None:
+            close()
+        self._scorer = None
 
     def scorer(self) -> Any:
         from serving.runtime.encoder import Encoder
         from serving.runtime.heads import load_head, with_head_limit
+        from serving.runtime.remote import RemoteScorer
         from serving.runtime.scorer import Scorer
 
+        if self._scorer is None and self.runtime is not None and self.runtime.kind != "torch":
+            self._scorer = RemoteScorer(self.spec, self.runtime)
         if self._scorer is None:
             assert self.spec.adapter_path is not None
             spec = with_head_limit(self.spec)  # the length the head was trained with
@@ -163,13 +191,20 @@ class CrossEncoderReranker:
 
 
 def dense_for_rerank(
-    spec: ModelSpec, model_fingerprint: str, adapter_fingerprint: str | None, cache: EmbeddingCache
+    spec: ModelSpec,
+    model_fingerprint: str,
+    adapter_fingerprint: str | None,
+    cache: EmbeddingCache,
+    runtime: RuntimeTarget | None = None,
 ) -> BiEncoderReranker:
+    """A bi-encoder reranker whose vectors come through ``runtime`` (default in-process): an
+    embedding endpoint's vectors through the http runtime, cached like any other."""
     return BiEncoderReranker(
         DenseRetriever(
             spec,
             model_fingerprint=model_fingerprint,
             adapter_fingerprint=adapter_fingerprint,
             cache=cache,
+            runtime=runtime,
         )
     )

@@ -19,7 +19,7 @@ from registry.edge import HostCheck, SecurityHeaders
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
-from registry.store import VariantBuilder
+from registry.store import BaselineBuilder, VariantBuilder
 from registry.throttle import LoginThrottle
 
 MAX_BODY_BYTES = 1 << 20
@@ -37,6 +37,7 @@ def create_app(
     build_variant: VariantBuilder | None = None,
     model_roots: Sequence[Path] = (),
     allowed_hosts: Sequence[str] | None = None,
+    fit_baseline: BaselineBuilder | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
@@ -47,7 +48,9 @@ def create_app(
     wires serving's ONNX export in); without it such a body answers 501. `model_roots`: the
     folders REST may register models and adapters from (none: by package only).
     `allowed_hosts`: the Host header values answered (registry/edge.py); None: any (the shell
-    always passes a list, tests' in-process clients need none)."""
+    always passes a list, tests' in-process clients need none). `fit_baseline` fits a
+    tfidf-lr (or rerank bm25) candidate into a servable artifact; without it one is added
+    model-free (scored, never placed)."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -63,6 +66,7 @@ def create_app(
         read_suite=read_suite,
         build_variant=build_variant,
         model_roots=tuple(model_roots),
+        fit_baseline=fit_baseline,
     )
     app.state.control = control
     app.state.health = health

@@ -446,6 +446,7 @@ def up(
         forwarded_allow_ips=edge.forwarded_allow_ips,
         allowed_hosts=edge.allowed_hosts,
         model_roots=edge.model_roots,
+        probe_period_s=settings.endpoint_probe_period_s,
     )
     state = stack_file()
 

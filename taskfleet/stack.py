@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -278,6 +279,7 @@ class StackConfig:
     secure_cookies: bool = False
     candle_workers: int = 0
     http_workers: int = 0
+    probe_period_s: float = 60.0  # the endpoint watcher's period (serving/endpoint_watch.py)
     http_url: str | None = None
     http_model: str | None = None
     data_dir: Path | None = None  # root of the built-in suites' data (TASKFLEET_DATA_DIR)
@@ -378,7 +380,13 @@ async def run_stack(
 
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
-        control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
+        control_loops = ControlLoops(
+            registry,
+            nats_url,
+            artifact_source=config.artifact_source,
+            probe_period_s=config.probe_period_s,
+        )
+        from taskfleet.baselines import fit_baseline
         from taskfleet.suite_registration import rest_suite_reader
         from taskfleet.variant_builder import build_variant
 
@@ -394,6 +402,7 @@ async def run_stack(
             build_variant=build_variant,
             model_roots=config.model_roots,
             allowed_hosts=config.allowed_hosts,
+            fit_baseline=functools.partial(fit_baseline, data_root=config.data_dir),
         )
         gateway = create_gateway(
             nats_url,
