@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
 from httpapi.docs import mount_docs
 from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
@@ -16,6 +16,7 @@ from registry.access import ControlPlane
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
 from registry.edge import HostCheck, SecurityHeaders
+from registry.metrics import CONTENT_TYPE, registry_metrics
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
@@ -75,6 +76,11 @@ def create_app(
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", **(health() if health else {})}
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """Stale endpoint models and pairings (registry/metrics.py), for Prometheus."""
+        return Response(registry_metrics(registry), media_type=CONTENT_TYPE)
 
     mount_dashboard(app, control, session_secret=session_secret, secure_cookies=secure_cookies)
     mount_docs(app)

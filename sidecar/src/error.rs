@@ -25,6 +25,11 @@ pub enum Error {
     /// The runtime is not running or its socket closed while a request was in flight.
     #[error("runtime unavailable: {0}")]
     RuntimeUnavailable(String),
+    /// The external engine or API behind the http runtime is down, timed out or overloaded.
+    /// Every worker would fail alike, so the request is answered at once, retryable, instead
+    /// of being retried here until its deadline.
+    #[error("engine unavailable: {0}")]
+    EngineUnavailable(String),
     /// The runtime broke the socket protocol (oversized frame, reply without id, ...).
     #[error("runtime protocol violation: {0}")]
     Protocol(String),
@@ -59,7 +64,7 @@ impl Error {
         match self {
             Error::Runtime(body) => body.clone(),
             Error::BadPayload(message) => ErrorBody::new("BAD_REQUEST", message, false),
-            Error::RuntimeUnavailable(message) => {
+            Error::RuntimeUnavailable(message) | Error::EngineUnavailable(message) => {
                 ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
             }
             Error::ReplyUndeliverable(message) => {

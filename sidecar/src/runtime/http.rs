@@ -13,8 +13,9 @@
 //! embeds the query and the documents and answers their cosines (a bi-encoder), or, for a rerank
 //! endpoint, posts `{url}/rerank` and answers its `relevance_score`s in document order. Engine
 //! answers map to the protocol's codes: unreachable, timed out, 429 and 502-504 are retryable
-//! (`RUNTIME_UNAVAILABLE`); 400/413/422 are the input's fault (`BAD_REQUEST`); any other
-//! failure or a malformed answer is `INFER_FAILED`.
+//! (`RUNTIME_UNAVAILABLE`, answered to the caller at once: another worker would meet the same
+//! engine); 400/413/422 are the input's fault (`BAD_REQUEST`); any other failure or a malformed
+//! answer is `INFER_FAILED`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -479,7 +480,7 @@ fn unreachable_engine(base_url: &str, error: &reqwest::Error) -> Error {
     } else {
         "unreachable"
     };
-    Error::RuntimeUnavailable(format!("engine at {base_url} {what}: {error}"))
+    Error::EngineUnavailable(format!("engine at {base_url} {what}: {error}"))
 }
 
 /// The response when its status is a success, else the protocol error it maps to.
@@ -492,7 +493,7 @@ async fn checked(response: reqwest::Response) -> Result<reqwest::Response> {
     let detail: String = body.chars().take(300).collect();
     let message = format!("engine answered {status}: {detail}");
     Err(match status.as_u16() {
-        408 | 429 | 502 | 503 | 504 => Error::RuntimeUnavailable(message),
+        408 | 429 | 502 | 503 | 504 => Error::EngineUnavailable(message),
         400 | 413 | 422 => failure("BAD_REQUEST", message, false),
         _ => failure("INFER_FAILED", message, status.is_server_error()),
     })
