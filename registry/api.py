@@ -8,10 +8,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 
 from httpapi.docs import mount_docs
 from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
+from httpapi.scrape import check_scraper
 from registry.access import ControlPlane
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
@@ -39,6 +40,7 @@ def create_app(
     model_roots: Sequence[Path] = (),
     allowed_hosts: Sequence[str] | None = None,
     fit_baseline: BaselineBuilder | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
@@ -51,7 +53,8 @@ def create_app(
     `allowed_hosts`: the Host header values answered (registry/edge.py); None: any (the shell
     always passes a list, tests' in-process clients need none). `fit_baseline` fits a
     tfidf-lr (or rerank bm25) candidate into a servable artifact; without it one is added
-    model-free (scored, never placed)."""
+    model-free (scored, never placed). `metrics_token` is the bearer token `/metrics` needs
+    (httpapi/scrape.py: without one, /metrics answers only when auth is off)."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -78,8 +81,11 @@ def create_app(
         return {"status": "ok", **(health() if health else {})}
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        """Stale endpoint models and pairings (registry/metrics.py), for Prometheus."""
+    def metrics(request: Request) -> Response:
+        """Stale endpoint models and pairings (registry/metrics.py), for the scraper only."""
+        check_scraper(
+            request.headers.get("authorization"), token=metrics_token, require_auth=require_auth
+        )
         return Response(registry_metrics(registry), media_type=CONTENT_TYPE)
 
     mount_dashboard(app, control, session_secret=session_secret, secure_cookies=secure_cookies)

@@ -107,6 +107,7 @@ def serve(
         ),
         build_variant=build_variant,
         fit_baseline=functools.partial(fit_baseline, data_root=settings.data_dir),
+        metrics_token=settings.metrics_token or None,
         model_roots=edge.model_roots,
         allowed_hosts=edge.allowed_hosts,
     )

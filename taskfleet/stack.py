@@ -403,6 +403,7 @@ async def run_stack(
             model_roots=config.model_roots,
             allowed_hosts=config.allowed_hosts,
             fit_baseline=functools.partial(fit_baseline, data_root=config.data_dir),
+            metrics_token=config.metrics_token,
         )
         gateway = create_gateway(
             nats_url,
