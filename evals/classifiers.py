@@ -62,7 +62,7 @@ class BaselineClassifier:
         train: ClassificationSplit | None,
         progress: ProgressFn = no_progress,
     ) -> ClassificationOutput:
-        from serving.runtime.baselines import BaselineError, load_baseline
+        from serving.runtime.baseline_artifact import BaselineError, load_baseline
         from serving.runtime.lexical import TfidfLogReg
 
         with metered() as usage:

@@ -45,7 +45,7 @@ class BaselineReranker:
         self.folder = folder
 
     def rerank(self, data: RerankSplit, progress: ProgressFn = no_progress) -> RetrievalOutput:
-        from serving.runtime.baselines import BaselineError, load_baseline
+        from serving.runtime.baseline_artifact import BaselineError, load_baseline
         from serving.runtime.lexical import Bm25
 
         with metered() as usage:

@@ -175,7 +175,7 @@ def _fitted_baseline(
 ) -> ResolvedCandidate:
     """A tfidf-lr or bm25 candidate on its own fitted artifact: scored by the code the Python
     runtime serves it with; the split it was fitted on (its manifest says) is never scored."""
-    from serving.runtime.baselines import BaselineError, read_manifest
+    from serving.runtime.baseline_artifact import BaselineError, read_manifest
 
     assert candidate.base_model is not None
     base = reg.get_model(candidate.base_model)

@@ -14,10 +14,10 @@ from httpapi.docs import mount_docs
 from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
 from httpapi.scrape import check_scraper
 from registry.access import ControlPlane
+from registry.control_metrics import CONTENT_TYPE, registry_metrics
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
 from registry.edge import HostCheck, SecurityHeaders
-from registry.metrics import CONTENT_TYPE, registry_metrics
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
@@ -82,7 +82,8 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
-        """Stale endpoint models and pairings (registry/metrics.py), for the scraper only."""
+        """Stale endpoint models and pairings (registry/control_metrics.py), for the scraper
+        only."""
         check_scraper(
             request.headers.get("authorization"), token=metrics_token, require_auth=require_auth
         )

@@ -4,7 +4,7 @@ or a lexical baseline (bm25, random, tfidf-lr, majority).
 A model candidate's artifact must carry the head its kind needs (read from the stored files);
 an optimised variant of a base model is added through ``registry/variants.py``. A baseline is
 model-free (never placed), unless it names its own fitted artifact, a base model of its kind's
-format (``registry/baselines.py`` fits and registers one: tfidf-lr, and bm25 for rerank).
+format (``registry/fitted_baselines.py`` fits and registers one: tfidf-lr, and bm25 for rerank).
 """
 
 from __future__ import annotations

@@ -143,8 +143,9 @@ class BaseModelRow(Base):
     source_model_id: Mapped[int | None] = mapped_column(ForeignKey("base_models.id"), nullable=True)
     variant: Mapped[str | None] = mapped_column(String(32), nullable=True)
     # What the folder is: None a model folder; "tfidf-lr" / "bm25" a fitted lexical baseline
-    # (serving/runtime/baselines.py); "endpoint" the record of a model behind an external API
-    # (serving/endpoints.py), whose API is ``endpoint`` and whose identity includes the probe.
+    # (serving/runtime/baseline_artifact.py); "endpoint" the record of a model behind an
+    # external API (serving/endpoints.py), whose API is ``endpoint`` and whose identity
+    # includes the probe.
     format: Mapped[str | None] = mapped_column(String(32), nullable=True)
     endpoint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     probe_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)

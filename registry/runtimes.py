@@ -30,9 +30,9 @@ MODEL_VARIANTS: dict[str, str] = {
 }
 VARIANT_RUNTIMES: tuple[str, ...] = (DEFAULT_RUNTIME,)
 VARIANT_CAPABILITIES: frozenset[str] = frozenset({"embed"})
-# Fitted lexical baselines (registry/baselines.py, serving/runtime/baselines.py): an artifact the
-# Python runtime runs without torch, for one task kind each. BM25 for retrieval makes no
-# embedding, so it is never one of them.
+# Fitted lexical baselines (registry/fitted_baselines.py, serving/runtime/baseline_artifact.py):
+# an artifact the Python runtime runs without torch, for one task kind each. BM25 for retrieval
+# makes no embedding, so it is never one of them.
 BASELINE_FORMATS: dict[str, str] = {"tfidf-lr": "classification", "bm25": "rerank"}
 BASELINE_RUNTIMES: tuple[str, ...] = (DEFAULT_RUNTIME,)
 # Endpoint models (registry/endpoint_models.py): served by the http runtime only; an embedding

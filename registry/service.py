@@ -18,10 +18,10 @@ from registry import entities as e
 from registry.adapters import AdapterRepository
 from registry.artifacts import ArtifactStore
 from registry.base_models import BaseModelRepository
-from registry.baselines import BaselineRepository, servable_baseline
 from registry.candidates import CandidateRepository
 from registry.endpoint_models import EndpointModelRepository
 from registry.evalruns import EvalRunRepository
+from registry.fitted_baselines import BaselineRepository, servable_baseline
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
 from registry.placements import PlacementRepository

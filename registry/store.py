@@ -37,7 +37,7 @@ UNSET = "\0unset"
 VariantBuilder = Callable[[Path, Path, str, str], Mapping[str, Any]]
 #: Fits a lexical baseline (``tfidf-lr``, ``bm25``) on a suite version into a new folder and
 #: returns its manifest: (kind, suite, target). Refusals are ``InvalidInput``. The shell passes
-#: one (``taskfleet.baselines.fit_baseline``): the registry reads no suite data.
+#: one (``taskfleet.baseline_builder.fit_baseline``): the registry reads no suite data.
 BaselineBuilder = Callable[[str, e.Suite, Path], Mapping[str, Any]]
 
 
@@ -281,7 +281,8 @@ class CatalogStore(ABC):
         ``variant``: that variant of ``base``, built by ``build_variant``
         (``VariantStore.add_variant_candidate``). A tfidf-lr (or, on a rerank task, bm25)
         candidate is fitted by ``fit_baseline`` into a servable artifact
-        (``registry/baselines.py``); without one it is model-free, scored but never placed."""
+        (``registry/fitted_baselines.py``); without one it is model-free, scored but never
+        placed."""
 
     @abstractmethod
     def list_candidates(self, task: str) -> list[e.Candidate]: ...

@@ -21,7 +21,7 @@ from registry.limits import (
     DEFAULT_MAX_TEXT_CHARS,
 )
 from registry.runtimes import MODEL_VARIANTS
-from taskfleet.baselines import fit_baseline
+from taskfleet.baseline_builder import fit_baseline
 from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
 from taskfleet.variant_builder import build_variant

@@ -68,7 +68,7 @@ def serve(
     """
     from registry.api import create_app
     from serving.control import ControlLoops
-    from taskfleet.baselines import fit_baseline
+    from taskfleet.baseline_builder import fit_baseline
     from taskfleet.cli_fleet import artifact_source, nats_url_or_none
     from taskfleet.stack import QuietServer
     from taskfleet.suite_registration import rest_suite_reader

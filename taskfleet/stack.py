@@ -386,7 +386,7 @@ async def run_stack(
             artifact_source=config.artifact_source,
             probe_period_s=config.probe_period_s,
         )
-        from taskfleet.baselines import fit_baseline
+        from taskfleet.baseline_builder import fit_baseline
         from taskfleet.suite_registration import rest_suite_reader
         from taskfleet.variant_builder import build_variant
 

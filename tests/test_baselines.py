@@ -22,7 +22,7 @@ from evals.classifiers import BaselineClassifier, TfidfLogisticRegression
 from evals.rerank_data import load_split as load_rerank_split
 from evals.retrievers import tokenize_german
 from serving import protocol as p
-from serving.runtime.baselines import (
+from serving.runtime.baseline_artifact import (
     ARRAYS,
     MANIFEST,
     VOCABULARY,
@@ -318,7 +318,7 @@ def test_fitting_needs_no_pickle_and_loading_needs_no_scikit_learn(tfidf: Path) 
     code = (
         "import sys; sys.modules['sklearn'] = None; sys.modules['joblib'] = None\n"
         "from pathlib import Path\n"
-        "from serving.runtime.baselines import load_baseline\n"
+        "from serving.runtime.baseline_artifact import load_baseline\n"
         f"m = load_baseline(Path({str(tfidf)!r}))\n"
         "print(m.predict_proba(['Mein Vermieter behält die Kaution']).shape)\n"
     )

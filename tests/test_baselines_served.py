@@ -20,10 +20,10 @@ from evals.rerank_data import load_split as load_rerank_split
 from evals.runner import EvalPaths, run_eval
 from registry import Registry
 from serving.client import Client
-from serving.runtime.baselines import load_baseline
+from serving.runtime.baseline_artifact import load_baseline
 from serving.runtime.lexical import Bm25, TfidfLogReg
-from taskfleet.baselines import fit_baseline
-from taskfleet.suites import ensure_suite
+from taskfleet.baseline_builder import fit_baseline
+from taskfleet.suite_registration import ensure_suite
 from testbed.fleet import free_port, wait_until
 from testbed.gerlayqa import SHARED_DATA
 

@@ -49,7 +49,7 @@ ENTITY_MODULES = (
     "adapters",
     "candidates",
     "variants",
-    "baselines",
+    "fitted_baselines",
     "endpoint_models",
     "evalruns",
     "placements",

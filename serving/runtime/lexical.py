@@ -1,7 +1,7 @@
 """The lexical baselines as servable models: TF-IDF + logistic regression, and BM25.
 
-Both are plain numpy over what their artifact holds (serving/runtime/baselines.py reads it), so
-the eval harness and the runtime server run this same code on the same numbers: what is
+Both are plain numpy over what their artifact holds (serving/runtime/baseline_artifact.py reads
+it), so the eval harness and the runtime server run this same code on the same numbers: what is
 evaluated is what is served.
 
 - ``TfidfLogReg`` classifies: word 1-2 grams of the lowercased text (scikit-learn's default

@@ -10,7 +10,7 @@ passes whatever their adapters: each LoRA layer adds every row's own adapter del
 ``mixed_adapters=False`` fall back to one group of passes per (model key, kind) with that adapter
 activated, as peft runs them; ``score`` and ``classify`` run one group per model key.
 
-A base folder that is a fitted lexical baseline (serving/runtime/baselines.py: ``tfidf-lr``
+A base folder that is a fitted lexical baseline (serving/runtime/baseline_artifact.py: ``tfidf-lr``
 classifies, ``bm25`` scores) is held beside the torch models under its key, with no encoder and
 no adapter; the ops it cannot do answer ``UnsupportedOpError``.
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from serving.protocol import ModelStats, TextKind
-from serving.runtime.baselines import (
+from serving.runtime.baseline_artifact import (
     Baseline,
     BaselineError,
     baseline_kind,

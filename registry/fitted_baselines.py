@@ -6,7 +6,7 @@ folder content-addressed like a variant, records it as a base model of that form
 named ``<task>-<candidate>``, served by the Python runtime only) and adds the candidate on it.
 So when the baseline wins it is promoted, placed and fetched by sha256 like any model, and the
 eval scores the very artifact the fleet serves. The registry imports no evals or serving code:
-the shell passes the builder (``taskfleet.baselines.fit_baseline``), as it does the variant
+the shell passes the builder (``taskfleet.baseline_builder.fit_baseline``), as it does the variant
 builder. BM25 for retrieval makes no embedding: it stays a model-free candidate.
 """
 
