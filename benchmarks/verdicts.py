@@ -345,7 +345,8 @@ def stage_report(bench: Bench, args: argparse.Namespace) -> None:
 
     lines += ["", "## Figures", "", "```json", json.dumps(bench.figures, indent=2), "```", ""]
     lines += [
-        "Reproduce: `benchmarks/verdicts.py --stage area|endpoint|cheapest|report --home DIR`.",
+        "Reproduce: `.venv/bin/python -m benchmarks.verdicts --stage area|endpoint|cheapest|report "
+        "--home DIR` (`make bench` runs the four).",
     ]
     (args.out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out / 'README.md'}")
