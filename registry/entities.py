@@ -69,6 +69,7 @@ class Task:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
     max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
+    prefer: str = "best"  # "cheapest": a cheaper non-inferior candidate may replace the best
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,28 @@ class BaseModel:
     #: model registered from its own weights.
     source: str | None = None
     variant: str | None = None
+    #: What the folder is: None a model folder; "tfidf-lr" / "bm25" a fitted lexical baseline;
+    #: "endpoint" a model behind an external API, whose record is ``endpoint`` (URL, model ids,
+    #: sides, key variable name: serving/endpoints.py) and whose identity includes the probe.
+    format: str | None = None
+    endpoint: dict[str, Any] | None = None
+    probe_fingerprint: str | None = None
+    price_per_million: float | None = None
+    #: The endpoint watcher's latest probe: its fingerprint (None when it failed), when, and
+    #: the failure.
+    probed_fingerprint: str | None = None
+    probed_at: datetime | None = None
+    probe_error: str | None = None
+
+    @property
+    def stale(self) -> bool:
+        """The endpoint answered its probe differently from when it was registered: every
+        pairing on it no longer holds its evidence."""
+        return (
+            self.probed_fingerprint is not None
+            and self.probe_fingerprint is not None
+            and self.probed_fingerprint != self.probe_fingerprint
+        )
 
 
 @dataclass(frozen=True)
@@ -328,3 +351,16 @@ class PromotionCheck:
     champion_run_id: int | None = None
     runtime: str | None = None  # the runtime the challenger would be placed on
     champion_runtime: str | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What a task should serve under its preference (registry/recommendation.py), and why."""
+
+    task: str
+    prefer: str  # "best" | "cheapest"
+    candidate: str | None  # None: nothing servable has a run on the suite version
+    runtime: str | None
+    reason: str  # the one line that says why
+    considered: list[str]  # one line per other candidate: why it was not chosen
+    champion: str | None = None

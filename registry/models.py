@@ -88,6 +88,11 @@ class TaskRow(Base):
     max_document_chars: Mapped[int] = mapped_column(
         Integer, default=DEFAULT_MAX_DOCUMENT_CHARS, nullable=False
     )
+    # "best": the rule asks a challenger to beat the champion; "cheapest": a cheaper one that
+    # is non-inferior within the margin may replace it (registry/recommendation.py).
+    prefer: Mapped[str] = mapped_column(
+        String(16), default="best", server_default="best", nullable=False
+    )
 
 
 class SuiteRow(Base):
@@ -137,6 +142,19 @@ class BaseModelRow(Base):
     # A variant (ONNX export, int8 quantisation) is derived from another base model.
     source_model_id: Mapped[int | None] = mapped_column(ForeignKey("base_models.id"), nullable=True)
     variant: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # What the folder is: None a model folder; "tfidf-lr" / "bm25" a fitted lexical baseline
+    # (serving/runtime/baseline_artifact.py); "endpoint" the record of a model behind an
+    # external API (serving/endpoints.py), whose API is ``endpoint`` and whose identity
+    # includes the probe.
+    format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    endpoint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    probe_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    price_per_million: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The endpoint watcher's latest probe (serving/control.py): a fingerprint other than the
+    # registered one makes every pairing on this model stale.
+    probed_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    probed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    probe_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AdapterRow(Base):

@@ -35,6 +35,10 @@ UNSET = "\0unset"
 #: Refusals are ``InvalidInput``. The shell passes one
 #: (``taskfleet.variant_builder.build_variant``): the registry imports no serving code.
 VariantBuilder = Callable[[Path, Path, str, str], Mapping[str, Any]]
+#: Fits a lexical baseline (``tfidf-lr``, ``bm25``) on a suite version into a new folder and
+#: returns its manifest: (kind, suite, target). Refusals are ``InvalidInput``. The shell passes
+#: one (``taskfleet.baseline_builder.fit_baseline``): the registry reads no suite data.
+BaselineBuilder = Callable[[str, e.Suite, Path], Mapping[str, Any]]
 
 
 class CatalogReader(ABC):
@@ -120,9 +124,24 @@ class PublisherStore(CatalogReader, PlacementOutbox, KeyDigestSource):
     ``serving/directory.py``)."""
 
 
-class ControlLoopStore(PublisherStore, WorkerReportSink):
-    """What the control plane's NATS side uses: the publisher and the fleet watcher
-    (``serving/control.py``)."""
+class EndpointProbeSink(ABC):
+    """What the endpoint watcher reads and writes (``serving/endpoint_watch.py``)."""
+
+    @abstractmethod
+    def endpoint_models_in_use(self) -> list[e.BaseModel]:
+        """Every endpoint model some candidate competes with."""
+
+    @abstractmethod
+    def record_probe(
+        self, model: str, *, fingerprint: str | None, error: str | None
+    ) -> e.BaseModel:
+        """The watcher's latest probe; a fingerprint unlike the registered one makes the model
+        (and every pairing on it) stale."""
+
+
+class ControlLoopStore(PublisherStore, WorkerReportSink, EndpointProbeSink):
+    """What the control plane's NATS side uses: the publisher, the fleet watcher and the
+    endpoint watcher (``serving/control.py``)."""
 
 
 class EvalStore(CatalogReader):
@@ -181,6 +200,7 @@ class CatalogStore(ABC):
         max_text_chars: int | None = None,
         max_query_chars: int | None = None,
         max_document_chars: int | None = None,
+        prefer: str = "best",
     ) -> e.Task:
         """Bind a new task to a registered suite; the task has the suite's kind. The
         per-text limits (characters) left out take the defaults of ``registry/limits.py``."""
@@ -195,6 +215,17 @@ class CatalogStore(ABC):
         max_document_chars: int | None = None,
     ) -> e.Task:
         """Change the per-text limits given (characters); the others stay."""
+
+    @abstractmethod
+    def set_task_preference(self, name: str, prefer: str) -> e.Task:
+        """``best`` or ``cheapest`` (a cheaper candidate non-inferior within the margin)."""
+
+    @abstractmethod
+    def add_endpoint_model(
+        self, name: str, *, record_dir: Path, price_per_million: float | None = None
+    ) -> e.BaseModel:
+        """A model behind an external API, from the record folder the shell wrote after
+        probing it (``registry/endpoint_models.py``)."""
 
     @abstractmethod
     def add_model(
@@ -244,10 +275,14 @@ class CatalogStore(ABC):
         kind: str | None = None,
         variant: str | None = None,
         build_variant: VariantBuilder | None = None,
+        fit_baseline: BaselineBuilder | None = None,
     ) -> e.Candidate:
         """Add a candidate; ``kind`` defaults to the task kind's model candidate. With
         ``variant``: that variant of ``base``, built by ``build_variant``
-        (``VariantStore.add_variant_candidate``)."""
+        (``VariantStore.add_variant_candidate``). A tfidf-lr (or, on a rerank task, bm25)
+        candidate is fitted by ``fit_baseline`` into a servable artifact
+        (``registry/fitted_baselines.py``); without one it is model-free, scored but never
+        placed."""
 
     @abstractmethod
     def list_candidates(self, task: str) -> list[e.Candidate]: ...
@@ -338,6 +373,10 @@ class PromotionStore(ABC):
 
         ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
         """
+
+    @abstractmethod
+    def recommend(self, task: str) -> e.Recommendation:
+        """What the task should serve under its preference, and why (never writes)."""
 
     @abstractmethod
     def promote(

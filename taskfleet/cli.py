@@ -20,7 +20,7 @@ from taskfleet.cli_eval import eval_app
 from taskfleet.cli_finetune import finetune_app
 from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
 from taskfleet.cli_gateway import call, gateway
-from taskfleet.cli_promote import promote, promotions, rollback
+from taskfleet.cli_promote import promote, promotions, recommend, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
 from taskfleet.cli_suite import suite_app
@@ -56,6 +56,7 @@ app.command("up")(up)
 app.command("promote")(promote)
 app.command("rollback")(rollback)
 app.command("promotions")(promotions)
+app.command("recommend")(recommend)
 app.command("placements", help="Desired vs reported placement epochs (same as `placement ls`).")(
     placement_ls
 )

@@ -395,7 +395,10 @@ def up(
         0, "--http-workers", min=0, help="Workers driving an OpenAI-compatible engine."
     ),
     http_url: str | None = typer.Option(
-        None, "--http-url", help="The engine's base URL for --http-workers."
+        None,
+        "--http-url",
+        help="The engine's base URL for --http-workers (none: they serve endpoint models only, "
+        "each at the URL it was registered with).",
     ),
     http_model: str | None = typer.Option(
         None, "--http-model", help="The engine's model id (default: its only one)."
@@ -443,6 +446,7 @@ def up(
         forwarded_allow_ips=edge.forwarded_allow_ips,
         allowed_hosts=edge.allowed_hosts,
         model_roots=edge.model_roots,
+        probe_period_s=settings.endpoint_probe_period_s,
     )
     state = stack_file()
 

@@ -25,6 +25,11 @@ pub enum Error {
     /// The runtime is not running or its socket closed while a request was in flight.
     #[error("runtime unavailable: {0}")]
     RuntimeUnavailable(String),
+    /// The external engine or API behind the http runtime is down, timed out or overloaded.
+    /// Every worker would fail alike, so the request is answered at once, retryable, instead
+    /// of being retried here until its deadline.
+    #[error("engine unavailable: {0}")]
+    EngineUnavailable(String),
     /// The runtime broke the socket protocol (oversized frame, reply without id, ...).
     #[error("runtime protocol violation: {0}")]
     Protocol(String),
@@ -60,7 +65,9 @@ impl Error {
         match self {
             Error::Runtime(body) => body.clone(),
             Error::BadPayload(message) => ErrorBody::new(Code::BadRequest, message),
-            Error::RuntimeUnavailable(message) => ErrorBody::new(Code::RuntimeUnavailable, message),
+            Error::RuntimeUnavailable(message) | Error::EngineUnavailable(message) => {
+                ErrorBody::new(Code::RuntimeUnavailable, message)
+            }
             Error::ReplyUndeliverable(message) => ErrorBody::new(Code::ReplyUndeliverable, message),
             other => ErrorBody::new(Code::Internal, &other.to_string()),
         }

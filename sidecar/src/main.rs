@@ -107,6 +107,7 @@ struct Cli {
 
     /// http runtime: base URL of the engine's OpenAI-compatible API; requests go to
     /// `{url}/embeddings` (infinity: http://host:7997; vLLM/TEI/SGLang: http://host:port/v1).
+    /// Without it the worker serves endpoint models only, each at the URL of its record.
     #[arg(long, env = "TASKFLEET_HTTP_BASE_URL")]
     http_base_url: Option<String>,
 
@@ -295,12 +296,8 @@ fn runtime_mode(cli: &Cli, worker_id: &str) -> Result<RuntimeMode> {
 /// The Candle or HTTP backend the flags describe.
 fn in_process_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
     if cli.runtime == "http" {
-        let base_url = cli
-            .http_base_url
-            .clone()
-            .ok_or_else(|| Error::Config("the http runtime needs --http-base-url".into()))?;
         return Ok(Arc::new(HttpRuntime::new(HttpConfig {
-            base_url,
+            base_url: cli.http_base_url.clone(),
             model: cli.http_model.clone(),
             api_key: cli.http_api_key.clone(),
             max_concurrency: cli.http_max_concurrency,

@@ -5,7 +5,7 @@
 //! - [`socket`]: a runtime in another process over a Unix socket (the PyTorch runtime);
 //! - [`candle`] (cargo feature `candle`): BERT-family sentence embedders inside the sidecar;
 //! - [`http`]: an existing engine (infinity, TEI, vLLM, SGLang) over its OpenAI-compatible
-//!   `/v1/embeddings` API.
+//!   `/v1/embeddings` API, or an endpoint model's own API ([`endpoint`]: embeddings or rerank).
 //!
 //! [`supervisor`] keeps one backend available; [`serve`] exposes any backend over the socket
 //! protocol (what `taskfleet eval --runtime` and the tests use to reach Candle and HTTP).
@@ -14,6 +14,7 @@
 
 #[cfg(feature = "candle")]
 pub mod candle;
+pub mod endpoint;
 pub mod http;
 pub mod serve;
 pub mod socket;

@@ -232,6 +232,19 @@ impl Settler {
     /// A processing failure: retried until the last delivery, then dead-lettered. Payloads
     /// that can never succeed go to the DLQ at once.
     pub async fn fail(&self, envelope: Envelope, error: &Error) {
+        if matches!(error, Error::EngineUnavailable(_)) {
+            // The engine behind the http runtime is down for every worker: tell the caller
+            // now (retryable, the gateway adds Retry-After) rather than retry until its
+            // deadline and answer a bare timeout.
+            tracing::warn!(request_id = %envelope.request_id, error = %error, "engine unavailable; answered retryable");
+            metrics().retries.inc(&[&self.task, "RUNTIME_UNAVAILABLE"]);
+            let reply = ReplyMessage::error(&envelope.request_id, error.to_body());
+            if let Err(e) = self.reply(&envelope, reply).await {
+                tracing::warn!(request_id = %envelope.request_id, error = %e, "error reply not sent");
+            }
+            self.ack(&envelope, AckKind::Term).await;
+            return;
+        }
         if matches!(error, Error::BadPayload(_)) || self.is_last_delivery(&envelope) {
             self.dead_letter(envelope, error).await;
         } else {
