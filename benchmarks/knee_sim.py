@@ -98,7 +98,8 @@ class ServiceModel:
         # Columns scaled to comparable size first: tokens and attention are 1e3-1e6 per call.
         scale = np.maximum(rows.max(axis=0), 1e-12)
         solution, _ = nnls(rows / scale * weights[:, None], seconds * weights)
-        return cls(*(float(c) for c in solution / scale))
+        per_call, per_pass, per_token, per_attention = (float(c) for c in solution / scale)
+        return cls(per_call, per_pass, per_token, per_attention)
 
     def relative_errors(self, points: Sequence[tuple[Sequence[int], float]]) -> list[float]:
         return [abs(self.seconds(lengths) - s) / s for lengths, s in points]
