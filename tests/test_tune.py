@@ -2,7 +2,9 @@
 the defaults are measured first, every configuration is applied as a profile the worker
 reports, what is recorded is the measured-again best and never below the defaults, the ratio
 line reads ``**N.NNx** the defaults``, and a worker started after the tuning (a fleet on the
-same registry) serves the task with exactly what was recorded."""
+same registry) serves the task with exactly what was recorded. The sweep is marked ``bench``;
+tests/test_runtime_profiles.py holds the profile path (other class carried but not applied,
+a worker started after recording applies it) within make test."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def test_bad_tune_input_is_one_line(tmp_path: Path, tiny_model_path: Path) -> No
         assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.bench  # ~3 min on the shared 2-core machine (two stacks in turn): make bench runs it
 @pytest.mark.timeout(900)
 def test_tune_records_the_measured_again_best_and_a_later_worker_applies_it(
     tmp_path: Path, tiny_model_path: Path
