@@ -444,6 +444,13 @@ def section(
         calibration, load, scale.sizes, slowest=scale.slowest, bound_s=args.p99_bound_s,
         seeds=scale.seeds, sidecar=sidecar,
     )  # fmt: skip
+    # What-if: the same fleets with one batch in flight per worker (`--max-inflight-batches 1`):
+    # a worker then pulls only when its runtime is idle, so no request waits behind a batch.
+    one = SidecarModel(inflight=1)
+    rows_one = at_scale(
+        calibration, load, scale.sizes, slowest=scale.slowest, bound_s=args.p99_bound_s,
+        seeds=scale.seeds, sidecar=one,
+    )  # fmt: skip
     plot_scale(rows, scale, args.p99_bound_s, png)
     bounds = sorted({2.0, 5.0, 10.0, args.p99_bound_s})
     compared = compare(real_steps, replayed, bounds)
@@ -512,6 +519,23 @@ def section(
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        cells = [f"{statistics.median(row.knees[m]):.1f}" for m in MODES]
+        for push in ("push-rr", "push-lo"):
+            ratios = row.ratio(push)
+            cells.append(
+                f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f})"
+            )
+        lines.append(f"| {row.workers} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The same fleets with **one batch in flight per worker** (`--max-inflight-batches 1`; "
+        "the default 2 lets a busy worker pull a second batch, which then waits behind the "
+        "running one, on a slow worker for seconds):",
+        "",
+        "| workers | pull | push-rr | push-lo | pull / push-rr | pull / push-lo |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows_one:
         cells = [f"{statistics.median(row.knees[m]):.1f}" for m in MODES]
         for push in ("push-rr", "push-lo"):
             ratios = row.ratio(push)
