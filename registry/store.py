@@ -75,6 +75,11 @@ class CatalogReader(ABC):
     @abstractmethod
     def get_candidate(self, task: str, name: str) -> e.Candidate: ...
 
+    @abstractmethod
+    def profiles_for(self, model_sha256: str) -> list[e.RuntimeProfile]:
+        """Every runtime profile of the base model with this sha256: what its placements
+        carry (each worker applies the one of its own machine class)."""
+
 
 class PlacementOutbox(ABC):
     """The placements the fleet has not been told about yet, and the mark that it has."""
@@ -500,6 +505,22 @@ class FleetStore(ABC):
         """Per placed task: the desired epoch and the epoch each reachable worker reports."""
 
 
+class ProfileStore(ABC):
+    """Runtime profiles (``taskfleet tune``, ``taskfleet profile``)."""
+
+    @abstractmethod
+    def record_profile(self, profile: e.ProfileCreate) -> e.RuntimeProfile:
+        """Record (or replace) the profile of the model on its machine class, and a new
+        placement epoch for every task serving the model, so running workers apply it.
+        Needs the promoter or admin role."""
+
+    @abstractmethod
+    def remove_profile(self, model: str, machine_class: str) -> e.RuntimeProfile: ...
+
+    @abstractmethod
+    def list_profiles(self, model: str | None = None) -> list[e.RuntimeProfile]: ...
+
+
 class AbstractStore(
     ControlLoopStore,
     EvalStore,
@@ -512,6 +533,7 @@ class AbstractStore(
     ApiKeyStore,
     SessionStore,
     FleetStore,
+    ProfileStore,
 ):
     """The whole registry: what the CLI, the REST API and the dashboard use."""
 

@@ -356,6 +356,9 @@ def worker(
         command += ["--artifact-source", source]
     if worker_id:
         command += ["--worker-id", worker_id]
+    from serving.machine import machine_class
+
+    command += ["--machine-class", machine_class(device if runtime == "torch" else "cpu")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **nats.sidecar_env()}
     # The torch runtime is `python -m serving.runtime.server`: it must find the project.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

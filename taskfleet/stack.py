@@ -152,6 +152,8 @@ class SidecarProcess:
     # by the workers of one `up`: a fetch lands there by an atomic rename).
     artifact_cache: Path | None = None
     artifact_source: str | None = None  # None: the NATS object store; else s3://bucket/prefix
+    # Whose runtime profiles the sidecar applies (serving/machine.py); None: none.
+    machine_class: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -183,6 +185,7 @@ class SidecarProcess:
             "--artifact-cache", str(self.artifact_cache or self.run_dir / "artifacts"),
             *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
             *(["--artifact-source", self.artifact_source] if self.artifact_source else []),
+            *(["--machine-class", self.machine_class] if self.machine_class else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -338,6 +341,7 @@ async def run_stack(
     from serving.control import ControlLoops
     from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
     from serving.gateway.app import GatewaySettings, create_gateway
+    from serving.machine import machine_class
 
     if any(count < 0 for _, count in config.worker_kinds()):
         raise StackError("worker counts must be >= 0")
@@ -438,6 +442,7 @@ async def run_stack(
                     if kind != "torch"
                     else [],
                     artifact_source=config.artifact_source,
+                    machine_class=machine_class(config.device if kind == "torch" else "cpu"),
                 )
                 sidecar.start()
                 sidecars.append(sidecar)

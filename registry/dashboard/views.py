@@ -219,6 +219,7 @@ class FleetPage:
     placements: list[e.PlacementStatus]
     stale_after_s: float
     now: datetime
+    profiles: list[e.RuntimeProfile] = field(default_factory=list)  # `taskfleet tune`'s
 
     @property
     def unreachable(self) -> bool:
@@ -251,7 +252,9 @@ def fleet_page(
         age = (now - worker.seen_at).total_seconds()
         views.append(WorkerView(worker, age, worker.reachable and age <= stale_after_s))
     placements = [p for p in reg.placement_status() if who.allows(p.task)]
-    return FleetPage(views, placements, stale_after_s, now)
+    # A task-scoped key sees the profiles tuned on its own tasks' traffic.
+    profiles = [p for p in reg.list_profiles() if who.allows(p.task)]
+    return FleetPage(views, placements, stale_after_s, now, profiles)
 
 
 # ---- suites -------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ classifies, ``bm25`` scores) is held beside the torch models under its key, with
 no adapter; the ops it cannot do answer ``UnsupportedOpError``.
 
 Not thread-safe: the socket server confines every call except :meth:`ModelPool.snapshot` to
-its single inference thread. ``snapshot`` reads an immutable tuple that is swapped atomically.
+its single inference thread, but for ``encode`` of one model key loaded with ``runtimes`` > 1
+(a model without adapter: no adapter state is touched), which runs on that many threads of its
+own, sharing the weights and taking turns at the tokenizer (``engines.share_tokenizer``).
+``snapshot`` reads an immutable tuple that is swapped atomically.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.protocol import ModelStats, TextKind
+from serving.protocol import LoadSettings, ModelStats, TextKind
+from serving.runtime import engines
 from serving.runtime.baseline_artifact import (
     Baseline,
     BaselineError,
@@ -40,6 +44,7 @@ from serving.runtime.baseline_artifact import (
 from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
+    VARIANT_MANIFEST,
     Encoder,
     ModelLoadError,
     ModelSpec,
@@ -89,6 +94,8 @@ class _Loaded:
     adapter_bytes: int
     encoder: Encoder
     head: tuple[HeadSpec, Any] | None = None
+    settings: LoadSettings | None = None  # as the load asked
+    applied: engines.Applied = field(default_factory=engines.Applied)  # as the model takes them
 
 
 @dataclass(frozen=True)
@@ -173,33 +180,44 @@ class ModelPool:
 
     # ------------------------------------------------------------------ load / unload
 
-    def load(self, model_key: str, spec: ModelSpec) -> int:
-        """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
+    def load(self, model_key: str, spec: ModelSpec, settings: LoadSettings | None = None) -> int:
+        """Load ``spec`` under ``model_key``, run as ``settings`` ask (``engines.applied``);
+        returns the bytes this load added (0 if present). A fitted baseline takes no settings."""
         if is_baseline(spec.base_path):
             return self._load_baseline(model_key, spec)
         check_adapter_folder(spec.adapter_path)
         refuse_adapter_on_variant(spec)
         try:
             spec = with_head_limit(spec)
-        except HeadError as exc:
+            how = engines.applied(settings, has_adapter=spec.adapter_path is not None)
+        except (HeadError, engines.EngineError) as exc:
             raise ModelLoadError(str(exc)) from exc
         existing = self._models.get(model_key)
         if existing is not None:
-            if existing.spec != spec:
+            if (existing.spec, existing.settings) != (spec, settings):
                 raise ModelKeyConflictError(
                     f"model key {model_key!r} is already loaded with a different spec; "
                     "unload it first"
                 )
             return 0
+        if how.threads is not None and how.engine == "torch" and not self.device.startswith("cuda"):
+            import torch
+
+            # Process-wide in torch: the newest load sets it for every torch model here.
+            torch.set_num_threads(how.threads)
         added = 0
+        # An engine other than torch is a base of its own (its own weights in memory).
         base_key = str(spec.base_path.resolve())
+        if how.engine != "torch":
+            base_key += f"#{how.engine}-t{how.threads or 0}"
         base = self._bases.get(base_key)
         if base is None:
-            base_spec = ModelSpec(base_path=spec.base_path)
-            model = load_sentence_transformer(base_spec, device=self.device)
+            model = self._load_base(spec.base_path, how)
             base = _Base(base_key, model, module_bytes(model), int(model.max_seq_length))
             self._bases[base_key] = base
             added += base.memory_bytes
+        if how.runtimes > 1:
+            engines.share_tokenizer(base.model)
         try:
             head = _load_head(spec.adapter_path)
             adapter_name, adapter_bytes = self._attach(base, spec.adapter_path)
@@ -213,12 +231,12 @@ class ModelPool:
             device=self.device,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_size=self.max_batch_size,
-            max_padding=self.max_padding,
+            max_padding=how.max_padding if how.max_padding is not None else self.max_padding,
             model=base.model,
         )
         base.users.add(model_key)
         self._models[model_key] = _Loaded(
-            model_key, spec, base, adapter_name, adapter_bytes, encoder, head
+            model_key, spec, base, adapter_name, adapter_bytes, encoder, head, settings, how
         )
         self._publish()
         return added + adapter_bytes
@@ -243,6 +261,23 @@ class ModelPool:
         self._baselines[model_key] = _LoadedBaseline(spec, model)
         self._publish()
         return model.memory_bytes
+
+    def _load_base(self, base_path: Path, how: engines.Applied) -> Any:
+        if how.engine == "onnx":
+            if (base_path / VARIANT_MANIFEST).is_file():
+                raise ModelLoadError(f"{base_path} is a variant already: no engine applies")
+            try:
+                return engines.onnx_engine(base_path, how.threads)
+            except engines.EngineError as exc:
+                raise ModelLoadError(str(exc)) from exc
+            except Exception as exc:  # the export: torch.onnx's and onnxruntime's own types
+                raise ModelLoadError(f"cannot export {base_path} to ONNX: {exc}") from exc
+        return load_sentence_transformer(ModelSpec(base_path=base_path), device=self.device)
+
+    def runtimes(self, model_key: str) -> int:
+        """How many batches of the model may run at once (1 unless its profile says more)."""
+        loaded = self._models.get(model_key)
+        return loaded.applied.runtimes if loaded is not None else 1
 
     def unload(self, model_key: str) -> int:
         """Drop ``model_key``; returns the bytes freed (its adapter, and the base if last)."""

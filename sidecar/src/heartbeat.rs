@@ -31,10 +31,14 @@ impl Heartbeat {
     pub fn snapshot(&self) -> WorkerHeartbeat {
         let mut queue_depth = BTreeMap::new();
         let mut epochs = BTreeMap::new();
+        let mut profiles = BTreeMap::new();
         for (task, status) in self.statuses.lock().expect("statuses lock").iter() {
             queue_depth.insert(task.clone(), crate::worker::held_count(status));
             if let Some(serving) = status.serving.lock().expect("serving lock").as_ref() {
                 epochs.insert(task.clone(), serving.epoch);
+                if let Some(profile) = &serving.applied {
+                    profiles.insert(task.clone(), profile.id);
+                }
             }
         }
         WorkerHeartbeat {
@@ -50,6 +54,7 @@ impl Heartbeat {
             epochs,
             started_ms: Some(self.started_ms),
             runtime_kind: Some(self.runtime_kind.clone()),
+            profiles: Some(profiles),
         }
     }
 

@@ -198,6 +198,13 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_MAX_BATCH_WAIT_MS", default_value_t = 5)]
     max_batch_wait_ms: u64,
 
+    /// The machine class whose runtime profiles this worker applies (`cpu:<model> x<cores>` or
+    /// `gpu:<model>`, as `taskfleet tune` recorded them; `taskfleet worker` and `taskfleet up`
+    /// pass this machine's). A placement's profile of another class is never applied; without
+    /// this flag none is.
+    #[arg(long, env = "TASKFLEET_MACHINE_CLASS")]
+    machine_class: Option<String>,
+
     /// Batches queued in the runtime at once; further requests stay in JetStream for other
     /// workers.
     #[arg(long, env = "TASKFLEET_MAX_INFLIGHT_BATCHES", default_value_t = 2)]
@@ -521,9 +528,16 @@ async fn run(cli: Cli) -> Result<()> {
     };
 
     let (placements_tx, placements_rx) = watch::channel(Arc::default());
+    match &cli.machine_class {
+        Some(class) => {
+            tracing::info!(machine_class = %class, "applying runtime profiles of this class")
+        }
+        None => tracing::info!("no --machine-class: runtime profiles are not applied"),
+    }
     let watcher = tokio::spawn(taskfleet_sidecar::placement::watch_placements(
         placements_kv,
         placements_tx,
+        cli.machine_class.clone(),
         stop_work.clone(),
     ));
     let workers = Workers::new(

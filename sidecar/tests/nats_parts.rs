@@ -38,6 +38,8 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         replicas: 1,
         memory_bytes: 1000,
         runtime: "torch".into(),
+        profiles: None,
+        applied: None,
     }
 }
 
@@ -110,7 +112,12 @@ async fn placement_watcher_follows_puts_deletes_and_ignores_stale_or_invalid() {
 
     let (tx, mut rx) = watch::channel(Arc::default());
     let stop = CancellationToken::new();
-    let watcher = tokio::spawn(placement::watch_placements(store.clone(), tx, stop.clone()));
+    let watcher = tokio::spawn(placement::watch_placements(
+        store.clone(),
+        tx,
+        None,
+        stop.clone(),
+    ));
     let seen = rx
         .wait_for(|m| m.contains_key("faq"))
         .await

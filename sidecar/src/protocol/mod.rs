@@ -19,7 +19,7 @@ pub mod framing;
 pub mod queue_messages;
 pub mod socket_ops;
 
-pub use bucket_values::{ArtifactRef, Placement, WorkerHeartbeat};
+pub use bucket_values::{ArtifactRef, Placement, RuntimeProfile, WorkerHeartbeat};
 pub use codec::{decode, encode};
 pub use codes::{Code, ErrorBody};
 pub use framing::{frame, read_frame, MAX_FRAME_BYTES};
@@ -29,9 +29,10 @@ pub use queue_messages::{
 };
 pub use socket_ops::{
     BareRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Embeddings, ErrorReply, HelloReply,
-    HelloRequest, InferItem, InferReply, InferRequest, LoadReply, LoadRequest, MemoryReply,
-    ModelStats, Probabilities, ReplyHead, Request, ScoreItem, ScoreReply, ScoreRequest, Scores,
-    ShutdownReply, StatsReply, TextKind, UnloadReply, UnloadRequest, PROTOCOL_VERSION,
+    HelloRequest, InferItem, InferReply, InferRequest, LoadReply, LoadRequest, LoadSettings,
+    MemoryReply, ModelStats, Probabilities, ReplyHead, Request, ScoreItem, ScoreReply,
+    ScoreRequest, Scores, ShutdownReply, StatsReply, TextKind, UnloadReply, UnloadRequest,
+    PROTOCOL_VERSION,
 };
 
 #[cfg(test)]

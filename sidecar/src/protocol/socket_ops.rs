@@ -64,7 +64,7 @@ pub struct HelloRequest {
 }
 
 /// What the runtime needs to load one model key (a base plus an optional adapter).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadRequest {
     pub id: u64,
     pub model_key: String,
@@ -73,6 +73,21 @@ pub struct LoadRequest {
     pub query_prefix: String,
     pub passage_prefix: String,
     pub max_seq_length: Option<u32>,
+    /// How to run the model (a runtime profile's runtime knobs); absent: the runtime's defaults.
+    #[serde(default)]
+    pub settings: Option<LoadSettings>,
+}
+
+/// A runtime profile's runtime knobs, as the `load` request carries them; `None`: the
+/// runtime's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadSettings {
+    pub intra_op_threads: Option<u32>,
+    /// Batches of the model the runtime runs at once.
+    pub runtimes: Option<u32>,
+    pub max_padding: Option<f64>,
+    /// "torch" or "onnx" (the same fp32 graph through ONNX Runtime).
+    pub engine: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

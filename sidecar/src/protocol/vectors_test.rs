@@ -214,6 +214,8 @@ fn absent_optionals_are_nil_not_omitted() {
         replicas: 1,
         memory_bytes: 0,
         runtime: "torch".into(),
+        profiles: None,
+        applied: None,
     }
     .load_request(std::path::Path::new("/cache"));
     load.id = 7;

@@ -801,6 +801,7 @@ mod tests {
                 query_prefix: String::new(),
                 passage_prefix: String::new(),
                 max_seq_length: None,
+                settings: None,
             })
             .await;
         match loaded {

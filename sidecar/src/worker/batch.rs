@@ -112,9 +112,13 @@ impl TaskLoop {
                 self.wait_for_model(&desired, &stop).await;
                 continue;
             };
-            self.fill(&stop).await;
+            let (budget, wait) = serving.batch_limits(
+                self.workers.config.max_batch_tokens,
+                self.workers.config.max_batch_wait,
+            );
+            self.fill(budget, wait, &stop).await;
             self.fence(serving.epoch);
-            let batch = self.carry.take_batch(self.workers.config.max_batch_tokens);
+            let batch = self.carry.take_batch(budget);
             if batch.is_empty() {
                 if !self.carry.is_empty() {
                     // Only next parts of requests with a part running: wait for one to finish,
@@ -312,12 +316,11 @@ impl TaskLoop {
         tokio::spawn(async move { settler.hand_back(envelope, error).await });
     }
 
-    /// Pulls more messages while the queue holds more, until the token budget is reached or
-    /// the batch wait has passed. A request that finds the queue empty is sent at once.
-    async fn fill(&mut self, stop: &CancellationToken) {
-        let workers = self.workers.clone();
-        let config = &workers.config;
-        let deadline = Instant::now() + config.max_batch_wait;
+    /// Pulls more messages while the queue holds more, until the token `budget` is reached or
+    /// the batch `wait` has passed (the sidecar's, or its runtime profile's, for this task). A
+    /// request that finds the queue empty is sent at once.
+    async fn fill(&mut self, budget: usize, wait: Duration, stop: &CancellationToken) {
+        let deadline = Instant::now() + wait;
         // A request larger than one call is being worked through, and nothing pulled since it
         // says what queued behind it: look (without waiting) for requests of other keys, so
         // that the next call is shared fairly. At most LOOKAHEAD requests are held so.
@@ -335,13 +338,8 @@ impl TaskLoop {
         loop {
             let tokens = self.carry.tokens();
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let Some(want) = fill_want(
-                tokens,
-                self.carry.len(),
-                config.max_batch_tokens,
-                self.queued,
-                remaining,
-            ) else {
+            let Some(want) = fill_want(tokens, self.carry.len(), budget, self.queued, remaining)
+            else {
                 return;
             };
             let pulled = tokio::select! {
