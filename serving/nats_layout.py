@@ -10,6 +10,7 @@ object first (``sidecar/src/nats.rs``), never fight over its configuration.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -17,6 +18,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     ConsumerInfo,
+    DiscardPolicy,
     KeyValueConfig,
     ObjectStoreConfig,
     RetentionPolicy,
@@ -56,6 +58,20 @@ ARTIFACTS_BUCKET = NATS.object_stores.artifacts.bucket
 LEADER_BUCKET = _KV.leader.bucket
 DIRECTORY_BUCKET = _KV.directory.bucket
 CONSUMER_PREFIX = NATS.task_consumer.name_prefix
+# Not yet in contract/shared.toml (the sidecar writes its own copy in nats.rs):
+# The production loop (docs/architecture.md "Production"): sampled copies for a task's shadow
+# placement (KV key `<task>.shadow`), champion and shadow replies of sampled requests, feedback.
+SHADOW_STREAM = "SHADOW"
+SHADOW_SUBJECT_PREFIX = "shadow."
+SHADOW_CONSUMER_PREFIX = "shadow_"
+SHADOW_KEY_SUFFIX = ".shadow"
+SAMPLES_STREAM = "SAMPLES"
+SAMPLES_SUBJECT_PREFIX = "samples."
+FEEDBACK_STREAM = "FEEDBACK"
+FEEDBACK_SUBJECT_PREFIX = "feedback."
+# The leading control plane's durable consumers of both (serving/production.py).
+SAMPLES_CONSUMER = "control_samples"
+FEEDBACK_CONSUMER = "control_feedback"
 # Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.
 REPLY_SUBJECT_PREFIX = NATS.reply_subject_prefix
 
@@ -72,6 +88,16 @@ WORKERS_TTL_S = _required(_KV.workers.ttl_s, "nats.kv.workers.ttl_s")
 ACK_WAIT_S = NATS.task_consumer.ack_wait_s
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
 MAX_DELIVER = NATS.task_consumer.max_deliver
+# A shadow backlog is dropped, never queued for long: SHADOW keeps a copy at most this long and
+# this many per task (the oldest go first); the sidecar (sidecar/src/nats.rs) creates it alike.
+SHADOW_MAX_AGE_S = 60.0
+SHADOW_MAX_PER_TASK = 1000
+SHADOW_DUPLICATE_WINDOW_S = 30.0
+# Sampled requests and feedback carry their task's retention as a per-message TTL (`Nats-TTL`);
+# no message outlives this, whatever a task says.
+PRODUCTION_MAX_AGE_S = 90 * 24 * 3600.0
+# The control plane acks a sample or feedback once it is in the database; unacked ones come back.
+PRODUCTION_ACK_WAIT_S = 30.0
 # Copies of every stream and bucket on a cluster of this many nodes or more.
 REPLICAS = NATS.replicas
 # A leader that stops renewing its lock (killed, cut off from NATS) loses it this long after its
@@ -139,6 +165,40 @@ def dlq_subject(task: str) -> str:
     return DLQ_SUBJECT_PREFIX + check_task_name(task)
 
 
+def shadow_key(task: str) -> str:
+    """The KV `placements` key of a task's shadow placement."""
+    return check_task_name(task) + SHADOW_KEY_SUFFIX
+
+
+def shadow_subject(task: str) -> str:
+    return SHADOW_SUBJECT_PREFIX + check_task_name(task)
+
+
+def shadow_consumer_name(task: str) -> str:
+    return SHADOW_CONSUMER_PREFIX + check_task_name(task)
+
+
+def sample_subject(task: str, request_id: str, role: str) -> str:
+    """Where a sampled request's ``role`` ("champion" or "shadow") reply is kept."""
+    return f"{SAMPLES_SUBJECT_PREFIX}{check_task_name(task)}.{check_token(request_id)}.{role}"
+
+
+def feedback_subject(task: str, request_id: str, index: int) -> str:
+    """One subject per (request, input): the stream keeps the first feedback and refuses the
+    next (``max_msgs_per_subject`` 1, discard new per subject)."""
+    return f"{FEEDBACK_SUBJECT_PREFIX}{check_task_name(task)}.{check_token(request_id)}.{index}"
+
+
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_token(value: str) -> str:
+    """``value`` as one subject token (request ids are hex; a caller's id is checked here)."""
+    if not _TOKEN_RE.fullmatch(value):
+        raise InvalidTaskName(f"{value!r} cannot be a NATS subject token")
+    return value
+
+
 def stream_config(rule: StreamRule, replicas: int = 1) -> StreamConfig:
     """The stream ``rule`` declares, with ``replicas`` copies."""
     return StreamConfig(
@@ -168,6 +228,58 @@ def kv_config(rule: BucketRule, replicas: int = 1) -> KeyValueConfig:
         ttl=rule.ttl_s,
         storage=StorageType.FILE,
         replicas=replicas,
+    )
+
+
+def shadow_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        num_replicas=replicas,
+        name=SHADOW_STREAM,
+        subjects=[SHADOW_SUBJECT_PREFIX + ">"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.MEMORY,
+        discard=DiscardPolicy.OLD,
+        max_age=SHADOW_MAX_AGE_S,
+        max_msgs_per_subject=SHADOW_MAX_PER_TASK,
+        duplicate_window=SHADOW_DUPLICATE_WINDOW_S,
+    )
+
+
+def samples_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        num_replicas=replicas,
+        name=SAMPLES_STREAM,
+        subjects=[SAMPLES_SUBJECT_PREFIX + ">"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=PRODUCTION_MAX_AGE_S,
+        allow_msg_ttl=True,
+    )
+
+
+def feedback_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        num_replicas=replicas,
+        name=FEEDBACK_STREAM,
+        subjects=[FEEDBACK_SUBJECT_PREFIX + ">"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=PRODUCTION_MAX_AGE_S,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.NEW,
+        discard_new_per_subject=True,
+        allow_msg_ttl=True,
+    )
+
+
+def production_consumer_config(name: str, subject_prefix: str) -> ConsumerConfig:
+    return ConsumerConfig(
+        name=name,
+        durable_name=name,
+        filter_subject=subject_prefix + ">",
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=PRODUCTION_ACK_WAIT_S,
+        max_ack_pending=1000,
     )
 
 
@@ -262,6 +374,9 @@ async def ensure_layout(
     r = layout_replicas(js) if replicas is None else replicas
     await _ensure_stream(js, tasks_stream_config(r))
     await _ensure_stream(js, dlq_stream_config(r))
+    await _ensure_stream(js, shadow_stream_config(r))
+    await _ensure_stream(js, samples_stream_config(r))
+    await _ensure_stream(js, feedback_stream_config(r))
 
     placements = await _ensure_kv(js, kv_config(_KV.placements, r))
     workers = await _ensure_kv(js, kv_config(_KV.workers, r))

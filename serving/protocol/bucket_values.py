@@ -63,6 +63,9 @@ class PlacementValue:
     # The runtime kind that serves it ("torch", "candle", "http"); only workers of that kind
     # run the task.
     runtime: str = "torch"
+    # A shadow placement (KV key `<task>.shadow`): it serves the sampled copies of the task's
+    # requests from `shadow_<task>` on stream SHADOW; its replies go to stream SAMPLES only.
+    shadow: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,12 @@ use crate::error::{Error, Result};
 
 pub const TASKS_STREAM: &str = "TASKS";
 pub const DLQ_STREAM: &str = "DLQ";
+pub const SHADOW_STREAM: &str = "SHADOW";
+/// How long a shadow copy may wait in `SHADOW` before the stream drops it, and how many per
+/// task it keeps (the oldest go first): a shadow backlog is dropped, never queued for long.
+/// Same values as serving/nats_layout.py.
+pub const SHADOW_MAX_AGE: Duration = Duration::from_secs(60);
+pub const SHADOW_MAX_PER_TASK: i64 = 1000;
 pub const PLACEMENTS_BUCKET: &str = "placements";
 pub const WORKERS_BUCKET: &str = "workers";
 pub const PAYLOADS_BUCKET: &str = "payloads";
@@ -153,6 +159,26 @@ pub async fn dlq_stream(js: &jetstream::Context) -> Result<stream::Stream> {
             subjects: vec!["dlq.>".into()],
             storage: stream::StorageType::File,
             max_age: Duration::from_secs(14 * 24 * 3600),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// The sampled copies of requests for shadow placements (`shadow.<task>`): a work queue in
+/// memory whose backlog the stream itself drops by age and count.
+pub async fn shadow_stream(js: &jetstream::Context) -> Result<stream::Stream> {
+    stream_with(
+        js,
+        stream::Config {
+            name: SHADOW_STREAM.into(),
+            subjects: vec!["shadow.>".into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::Memory,
+            discard: stream::DiscardPolicy::Old,
+            max_age: SHADOW_MAX_AGE,
+            max_messages_per_subject: SHADOW_MAX_PER_TASK,
+            duplicate_window: Duration::from_secs(30),
             ..Default::default()
         },
     )

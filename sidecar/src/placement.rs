@@ -103,13 +103,31 @@ pub fn valid_task_name(task: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
+/// The KV key a shadow placement of `task` is stored under (`<task>.shadow`).
+pub fn shadow_key(task: &str) -> String {
+    format!("{task}{SHADOW_SUFFIX}")
+}
+
+/// A champion's placement lies under its task's name, a shadow's under `<task>.shadow`.
+pub const SHADOW_SUFFIX: &str = ".shadow";
+
 fn validate(key: &str, placement: &Placement) -> Result<()> {
-    if !valid_task_name(key) {
+    let task = match key.strip_suffix(SHADOW_SUFFIX) {
+        Some(task) if placement.shadow => task,
+        _ if placement.shadow => {
+            return Err(Error::BadPayload(format!(
+                "a shadow placement must lie under {:?}, not {key:?}",
+                shadow_key(&placement.task)
+            )));
+        }
+        _ => key,
+    };
+    if !valid_task_name(task) {
         return Err(Error::BadPayload(format!(
-            "task name {key:?} may hold only letters, digits, '-' and '_'"
+            "task name {task:?} may hold only letters, digits, '-' and '_'"
         )));
     }
-    if placement.task != key {
+    if placement.task != task {
         return Err(Error::BadPayload(format!(
             "placement under key {key:?} names task {:?}",
             placement.task
@@ -119,4 +137,45 @@ fn validate(key: &str, placement: &Placement) -> Result<()> {
         return Err(Error::BadPayload("empty model_key or base sha256".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate;
+    use crate::protocol::{ArtifactRef, Placement};
+
+    fn placement(task: &str, shadow: bool) -> Placement {
+        Placement {
+            v: 1,
+            task: task.into(),
+            epoch: 1,
+            candidate: "c".into(),
+            model_key: "m".into(),
+            base: ArtifactRef {
+                sha256: "b".repeat(64),
+                size: 1,
+                format: "tree-v1".into(),
+            },
+            adapter: None,
+            query_prefix: String::new(),
+            passage_prefix: String::new(),
+            max_seq_length: None,
+            pinned: false,
+            replicas: 1,
+            memory_bytes: 0,
+            runtime: "torch".into(),
+            shadow,
+        }
+    }
+
+    #[test]
+    fn a_shadow_lies_under_its_tasks_shadow_key_and_nowhere_else() {
+        assert!(validate("area", &placement("area", false)).is_ok());
+        assert!(validate("area.shadow", &placement("area", true)).is_ok());
+        // A shadow under the champion's key, a champion under a shadow key, another task.
+        assert!(validate("area", &placement("area", true)).is_err());
+        assert!(validate("area.shadow", &placement("area", false)).is_err());
+        assert!(validate("other.shadow", &placement("area", true)).is_err());
+        assert!(validate("a.b.shadow", &placement("a.b", true)).is_err());
+    }
 }

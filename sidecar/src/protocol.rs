@@ -507,6 +507,11 @@ pub struct Placement {
     /// runtimes existed lack it and mean "torch".
     #[serde(default = "torch")]
     pub runtime: String,
+    /// A shadow placement (KV key `<task>.shadow`): it pulls the sampled copies of the task's
+    /// requests from `shadow_<task>` on stream `SHADOW`, and its replies go to stream
+    /// `SAMPLES`, never to a caller. Values written before shadows existed lack it.
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 fn torch() -> String {

@@ -107,6 +107,7 @@ fn known_vectors() -> Vec<(&'static str, Roundtrip)> {
         ("reply_classify_ref", reply_message("classify")),
         ("reply_error", reply_message("error")),
         ("placement_value", typed::<Placement>),
+        ("placement_value_shadow", typed::<Placement>),
         ("worker_heartbeat", typed::<WorkerHeartbeat>),
     ]
 }
@@ -213,6 +214,7 @@ fn absent_optionals_are_nil_not_omitted() {
         replicas: 1,
         memory_bytes: 0,
         runtime: "torch".into(),
+        shadow: false,
     }
     .load_request(std::path::Path::new("/cache"));
     load.id = 7;

@@ -38,6 +38,7 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         replicas: 1,
         memory_bytes: 1000,
         runtime: "torch".into(),
+        shadow: false,
     }
 }
 
