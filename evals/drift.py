@@ -166,8 +166,10 @@ def _vectors(ref: np.ndarray, live: np.ndarray, rng: np.random.Generator, b: int
     center = ref.mean(axis=0)
 
     def distance(means: np.ndarray) -> np.ndarray:
-        cos = means @ center / np.maximum(
-            np.linalg.norm(means, axis=-1) * np.linalg.norm(center), 1e-12
+        cos = (
+            means
+            @ center
+            / np.maximum(np.linalg.norm(means, axis=-1) * np.linalg.norm(center), 1e-12)
         )
         return np.asarray(1.0 - cos)
 

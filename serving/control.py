@@ -3,10 +3,12 @@ REST API and dashboard.
 
 Any number of control planes may run against one NATS and one database; exactly one leads (the
 KV lock of ``serving/leader.py``) and runs the control loops: the placement publisher (the
-outbox of promotions), the fleet watcher (heartbeats into the registry) and the directory
-publisher (tasks and API-key digests for the gateways). The others stand by and take over
-within the lock's TTL when the leader dies. While NATS is unreachable the HTTP side serves on,
-from the database alone, and this side says that publishing waits for NATS.
+outbox of promotions and shadows), the fleet watcher (heartbeats into the registry), the
+directory publisher (tasks and API-key digests for the gateways), and the shell's production
+loops when it passes them (streams SAMPLES and FEEDBACK, drift, live splits, re-evaluation).
+The others stand by and take over within the lock's TTL when the leader dies. While NATS is
+unreachable the HTTP side serves on, from the database alone, and this side says that
+publishing waits for NATS.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ STATUS_LEADER = "leader"
 STATUS_STOPPED = "stopped"
 
 
-class _Loop(Protocol):
+class ControlLoop(Protocol):
     async def run(self, nc: NATS | None = None) -> None: ...
 
     def stop(self) -> None: ...
@@ -62,6 +64,7 @@ class ControlLoops:
         ttl_s: float = LEADER_TTL_S,
         announce: Callable[[str], None] | None = None,
         artifact_source: str | None = None,
+        extra_loops: Callable[[], list[ControlLoop]] | None = None,
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
@@ -73,6 +76,9 @@ class ControlLoops:
         self.stale_after_s = stale_after_s
         self.standby_retry_s = standby_retry_s
         self.ttl_s = ttl_s
+        # Fresh loops of the shell's for every term (production: serving/production.py and
+        # taskfleet/production.py), run like the publisher and the watcher.
+        self.extra_loops = extra_loops
         self._announce = announce or (lambda message: log.info("%s", message))
         self._stop = asyncio.Event()
         self._nc: NATS | None = None
@@ -153,7 +159,7 @@ class ControlLoops:
         self._status = STATUS_STANDBY
         await self._sleep(self.standby_retry_s)
 
-    def loops(self) -> list[_Loop]:
+    def loops(self) -> list[ControlLoop]:
         """The loops a leader runs; fresh ones every term."""
         return [
             PlacementPublisher(
@@ -168,6 +174,7 @@ class ControlLoops:
                 flush_interval_s=self.flush_interval_s,
                 stale_after_s=self.stale_after_s,
             ),
+            *(self.extra_loops() if self.extra_loops is not None else []),
         ]
 
     async def _lead(self, nc: NATS, lock: LeaderLock) -> None:
