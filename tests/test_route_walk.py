@@ -363,6 +363,15 @@ def test_every_gateway_route_for_every_caller(auth_gateway: Stack) -> None:
             ("POST", "/v1/rerank", "/v1/rerank", rerank, other_kind),
             ("POST", "/v2/rerank", "/v2/rerank", rerank, other_kind),
             ("POST", "/v1/classify", "/v1/classify", {"model": task, "input": "hallo"}, other_kind),
+            # Feedback about a request nobody sampled: 404 UNKNOWN_REQUEST once the key may
+            # call tasks (tests/test_production_gateway.py walks the other refusals).
+            (
+                "POST",
+                "/v1/feedback",
+                "/v1/feedback",
+                {"request_id": "0" * 32, "label": "x"},
+                expect(ok=404, refused=refused),
+            ),
         ]
         app = create_gateway(served.nats_url)
         assert {(m, r) for m, r, *_ in calls} == route_table(app)
