@@ -117,7 +117,7 @@ class ProductionConsumer:
                 try:
                     await self._consume(nc)
                 except (nats.errors.Error, OSError, TimeoutError) as exc:
-                    log.warning("production consumer: %s; retrying", exc or type(exc).__name__)
+                    log.warning("production consumer: %r; retrying", exc)
                     await self._sleep(1.0)
         finally:
             if own:
@@ -139,7 +139,7 @@ class ProductionConsumer:
             for sub, handle in ((samples, self._on_sample), (feedback, self._on_feedback)):
                 try:
                     messages = await sub.fetch(FETCH_BATCH, timeout=self.idle_s / 2)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nothing waiting (nats-py raises either kind)
                     continue
                 got += len(messages)
                 for msg in messages:

@@ -443,6 +443,8 @@ def up(
         forwarded_allow_ips=edge.forwarded_allow_ips,
         allowed_hosts=edge.allowed_hosts,
         model_roots=edge.model_roots,
+        database_url=settings.resolved_database_url,
+        mlflow_uri=settings.resolved_mlflow_uri,
     )
     state = stack_file()
 

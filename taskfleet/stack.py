@@ -37,6 +37,8 @@ from serving.httpserver import http_config
 
 if TYPE_CHECKING:
     from registry import Registry
+    from registry.store import AbstractStore
+    from serving.control import ControlLoop
 
 log = logging.getLogger("taskfleet.up")
 SIDECAR_BINARY = "taskfleet-sidecar"
@@ -285,6 +287,11 @@ class StackConfig:
     forwarded_allow_ips: str | None = None  # proxies whose forwarded headers are believed
     allowed_hosts: list[str] | None = None  # the control plane's Host names; None: any
     model_roots: list[Path] = field(default_factory=list)  # where REST may register models
+    # What the production loops' re-evaluations run against (docs: "Production"); None:
+    # SQLite under home, no MLflow logging.
+    database_url: str | None = None
+    mlflow_uri: str | None = None
+    production: bool = True  # run the production loops on the leader
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -302,6 +309,25 @@ class StackUrls:
     workers: list[str]
     # Prometheus endpoints: the gateway's and each worker's.
     metrics: list[str] = field(default_factory=list)
+
+
+def _production_loops(
+    config: StackConfig, registry: AbstractStore, nats_url: NatsTarget
+) -> Callable[[], list[ControlLoop]] | None:
+    if not config.production:
+        return None
+    from evals.runner import EvalPaths
+    from taskfleet.production import ShellPaths, production_loops
+
+    paths = ShellPaths(
+        home=config.home,
+        database_url=config.database_url or f"sqlite:///{config.home / 'registry.db'}",
+        data_root=config.data_dir,
+        eval_paths=EvalPaths(
+            cache_dir=config.home / "cache", mlflow_uri=config.mlflow_uri, data_root=config.data_dir
+        ),
+    )
+    return production_loops(registry, nats_url, paths)
 
 
 class QuietServer(uvicorn.Server):
@@ -380,7 +406,12 @@ async def run_stack(
 
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
-        control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
+        control_loops = ControlLoops(
+            registry,
+            nats_url,
+            artifact_source=config.artifact_source,
+            extra_loops=_production_loops(config, registry, nats_url),
+        )
         from taskfleet.suite_registration import rest_suite_reader
         from taskfleet.variant_builder import build_variant
 

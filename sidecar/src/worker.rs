@@ -114,7 +114,7 @@ impl Workers {
                         });
                     }
                     None => {
-                        running.insert(task.clone(), self.start_task(placement.clone()));
+                        running.insert(task.clone(), self.start_task(task, placement.clone()));
                     }
                 }
             }
@@ -207,8 +207,10 @@ impl Workers {
             .collect()
     }
 
-    fn start_task(self: &Arc<Self>, placement: Placement) -> Running {
-        let task = placement.task.clone();
+    /// A loop for the placement under KV key `task` (the task's name; `<task>.shadow` for a
+    /// shadow, whose loop and heartbeat entries go by that key).
+    fn start_task(self: &Arc<Self>, task: &str, placement: Placement) -> Running {
+        let task = task.to_string();
         tracing::info!(%task, "starting task loop");
         let status = Arc::new(TaskStatus::default());
         self.statuses
