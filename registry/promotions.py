@@ -38,6 +38,7 @@ from registry.promotion_rule import Contender, Evidence, ModelBuild, judge, unse
 from registry.reevaluations import Pairing, stale_reason
 from registry.rows import get_candidate_row, get_task_row
 from registry.runtimes import DEFAULT_RUNTIME
+from registry.shadows import stop_shadow_of
 from registry.store import UNSET
 from registry.suite_versions import newest_suite_row
 from registry.transactions import Transactions
@@ -298,6 +299,9 @@ class PromotionRepository:
                 runtime=runtime,
             )
             entity = promotion_entity(s, row)
+            # The shadow that is promoted stops being one: it serves callers now.
+            done = {"promote": "promoted", "override": "promoted (override)"}.get(kind, kind)
+            stop_shadow_of(s, task_row, cand, actor=self.tx.actor, why=f"{done} to champion")
             self.tx.audit(
                 s,
                 f"task.{kind}",

@@ -170,6 +170,17 @@ class ShadowRepository:
                 row.published_at = utcnow()
 
 
+def stop_shadow_of(
+    s: Session, task_row: TaskRow, cand: CandidateRow, *, actor: str, why: str
+) -> ShadowRow | None:
+    """In the caller's transaction: stop the task's shadow if ``cand`` is it (a promotion of
+    the shadow makes it the champion; a stop row says so)."""
+    current = latest_shadow_row(s, task_row.id)
+    if current is None or current.action != "start" or current.candidate_id != cand.id:
+        return None
+    return _write(s, task_row, cand, "stop", current.runtime, current.sample_rate, actor, why)
+
+
 def _evaluated_runtime(s: Session, cand: CandidateRow) -> str | None:
     run = newest_run_row(s, cand.id)
     return run.runtime if run is not None else None

@@ -230,3 +230,15 @@ def test_the_rule_can_take_live_evidence(registry: Registry, tmp_path: Path) -> 
         registry.set_production_settings("legal", colour="red")
     settings = registry.production_settings("legal")
     assert (settings.evidence, settings.drift_window, settings.live_every) == ("both", 50, 100)
+
+
+def test_promoting_the_shadow_stops_it(registry: Registry, tmp_path: Path) -> None:
+    _seed(registry, tmp_path)
+    record_run(registry, "legal", "a", 0.30, noise=0.05)
+    record_run(registry, "legal", "b", 0.50, noise=0.05)
+    registry.promote("legal", "a", reason="first")
+    registry.start_shadow("legal", "b", sample_rate=0.5)
+    registry.promote("legal", "b", reason="better on live traffic too")
+    assert registry.current_shadow("legal") is None
+    stop = registry.shadow_history("legal")[0]
+    assert (stop.action, stop.candidate, stop.reason) == ("stop", "b", "promoted to champion")

@@ -79,6 +79,7 @@ ADMIN_CHANGE = expect(
     refused={"viewer": 403, "caller": 403, "promoter@task": 403, "promoter@other": 403},
 )
 PROMOTER_WRITE = expect(ok=201, refused={"viewer": 403, "caller": 403, "promoter@other": 403})
+PROMOTER_CHANGE = expect(ok=200, refused={"viewer": 403, "caller": 403, "promoter@other": 403})
 # Dashboard pages: a caller key cannot sign in, so it has no session, like no key at all.
 PAGE = expect(ok=200, refused={"caller": 401})
 TASK_PAGE = expect(ok=200, refused={"caller": 401, "promoter@other": 403})
@@ -152,6 +153,10 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             CONFIRM_PAGE,
         ),
         Call("GET", "/tasks/{task}/rollback", f"/tasks/{TASK}/rollback", CONFIRM_PAGE),
+        Call("GET", "/api/v1/tasks/{task}/shadow", f"{t}/shadow", TASK_READ),
+        Call("GET", "/api/v1/tasks/{task}/production", f"{t}/production", TASK_READ),
+        Call("GET", "/api/v1/metrics", "/api/v1/metrics", READ),
+        Call("GET", "/tasks/{task}/production", f"/tasks/{TASK}/production", TASK_PAGE),
         # writes
         Call(
             "POST",
@@ -237,6 +242,41 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             f"/tasks/{TASK}/rollback",
             FORM,
             form={"expected_champion": CHALLENGER, "reason": "walk"},
+        ),
+        Call(
+            "PATCH",
+            "/api/v1/tasks/{task}/production",
+            f"{t}/production",
+            PROMOTER_CHANGE,
+            json={"sample_rate": 0.2, "retention_days": 3},
+        ),
+        Call(
+            "POST",
+            "/api/v1/tasks/{task}/shadow",
+            f"{t}/shadow",
+            PROMOTER_WRITE,
+            json={"candidate": CHALLENGER, "sample_rate": 0.1, "reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/api/v1/tasks/{task}/shadow/stop",
+            f"{t}/shadow/stop",
+            PROMOTER_WRITE,
+            json={"reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/tasks/{task}/shadow",
+            f"/tasks/{TASK}/shadow",
+            FORM,
+            form={"candidate": CHALLENGER, "sample_rate": "0.2", "reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/tasks/{task}/shadow/stop",
+            f"/tasks/{TASK}/shadow/stop",
+            FORM,
+            form={"reason": "walk"},
         ),
         Call(
             "POST",
