@@ -29,9 +29,9 @@ from registry import Registry
 from registry.entities import TrainingRecord
 from serving.client import Client
 from serving.runtime.encoder import ModelSpec
-from tests.fleet_fixture import free_port, wait_until
+from testbed.fleet import free_port, wait_until
+from testbed.tiny_model import build_tiny_head, build_tiny_model
 from tests.kinds_fixture import LABELS, build_classification
-from tests.tiny_model import build_tiny_head, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "area"

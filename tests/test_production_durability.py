@@ -17,7 +17,7 @@ from registry import Registry
 from serving import nats_layout
 from serving import protocol as p
 from serving.samples import ChampionSample, Feedback, encode, ttl_header
-from tests.fleet_fixture import wait_until
+from testbed.fleet import wait_until
 from tests.kinds_fixture import LABELS, build_classification
 from tests.nats_fixture import running_nats
 from tests.test_serve_leader import serving
