@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from registry import Registry
+from testbed.declared_tasks import declare_suite, fake_fingerprint
 from tests.evalrun_fixture import record_run
-from tests.suite_fixture import declare_suite, fake_fingerprint
 from tests.test_cli_registry import run_cli
 from tests.test_registry import make_model_dir
 

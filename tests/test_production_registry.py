@@ -13,8 +13,8 @@ import pytest
 from registry import Conflict, InvalidInput, PermissionDenied, Registry
 from registry import entities as e
 from registry.promotions import EvidenceStale
+from testbed.declared_tasks import declare_suite, fake_fingerprint
 from tests.evalrun_fixture import record_run
-from tests.suite_fixture import declare_suite, fake_fingerprint
 from tests.test_registry import make_model_dir
 
 
