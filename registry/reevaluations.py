@@ -8,7 +8,7 @@ makes every pairing's runs old at once: a changed folder, or a live split grown 
 ``live_every`` items (``registry/live_items.py``). ``queue_stale`` puts the stale pairings that
 matter into the queue: the champion, the shadow, and the ``challengers`` best challengers of
 the version they were last ranked on, each on the test split and on the live split when the
-version has one. The leading control plane runs the queue one at a time
+version has one (live splits first). The leading control plane runs the queue one at a time
 (``taskfleet/production.py``) and records how each run ended; a failed one is not tried again
 on that version (bounded), and one left ``running`` by a control plane that died is queued
 again when the next one starts.
@@ -93,8 +93,9 @@ class ReevaluationRepository:
             if suite is None:
                 return []
             queued = []
-            for pairing in pairings(s, task_row, suite, challengers):
-                for split in splits_of(suite):
+            # Live splits first: what production just taught is the news; then the test split.
+            for split in reversed(splits_of(suite)):
+                for pairing in pairings(s, task_row, suite, challengers):
                     reason = stale_reason(s, pairing, suite, split)
                     if reason is None or _known(s, pairing, suite.fingerprint, split):
                         continue

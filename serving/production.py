@@ -9,8 +9,9 @@ unacked messages again, and the registry keeps each sample and each labelled ite
 - ``samples.<task>.<id>.champion`` (a gateway's :class:`~serving.samples.ChampionSample`):
   the judge turns it into the sample row (who answered, how fast, the features drift reads).
 - ``samples.<task>.<id>.shadow`` (the shadow worker's reply): the judge compares it with the
-  champion's reply, read back from the stream, and the row gets the shadow's side. A shadow
-  reply that arrives before its champion record waits (nak with a delay) until it is kept.
+  champion's reply, read back from the stream, and the row gets the shadow's side; the message
+  is deleted then (the gateway's TTL is on the champion record only). A shadow reply that
+  arrives before its champion record waits (nak with a delay) until it is kept.
 - ``feedback.<task>.<id>.<index>``: joined with the champion record (its inputs) into a
   labelled live item, in the form the task's suite reads. Feedback about a sample the stream
   no longer holds (its retention ended) is dropped, counted in the log.
@@ -209,6 +210,10 @@ class ProductionConsumer:
             )
         await asyncio.to_thread(self.registry.record_shadow_outcome, outcome)
         self.counts.shadow += 1
+        # Its content is in the registry now; the gateway set no TTL on it (the shadow's worker
+        # wrote it), so it is deleted here rather than kept for the streams' 90 days.
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await js.delete_msg(nats_layout.SAMPLES_STREAM, msg.metadata.sequence.stream)
         return None
 
     async def _keep(self, record: ChampionSample) -> None:
