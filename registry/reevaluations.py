@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
 from registry import entities as e
@@ -122,12 +122,16 @@ class ReevaluationRepository:
             return queued
 
     def next_reevaluation(self) -> e.Reevaluation | None:
-        """The oldest queued re-evaluation, marked running; None when the queue is empty."""
+        """The oldest queued re-evaluation on a live split, else the oldest queued one, marked
+        running; None when the queue is empty. Live splits go first across tasks too: one
+        task's test-split refresh does not hold up what another task's traffic just taught."""
         with self.tx.write() as s:
+            live_first = case((SuiteRow.live_split == ReevaluationRow.split, 0), else_=1)
             row = s.scalar(
                 select(ReevaluationRow)
+                .join(SuiteRow, SuiteRow.fingerprint == ReevaluationRow.suite_fingerprint)
                 .where(ReevaluationRow.state == "queued")
-                .order_by(ReevaluationRow.id)
+                .order_by(live_first, ReevaluationRow.id)
                 .limit(1)
             )
             if row is None:
