@@ -121,7 +121,7 @@ def test_samples_hold_the_shadows_side_and_summarise_agreement(
     summary = registry.agreement_summary("legal")
     assert summary.shadow == "b" and summary.inputs == len(agreement)
     assert summary.estimate == pytest.approx(np.mean(agreement))
-    assert summary.low is not None and summary.high is not None
+    assert summary.low is not None and summary.high is not None and summary.estimate is not None
     assert summary.low <= summary.estimate <= summary.high
     assert summary.outcomes == {"pending": 0, "ok": 30, "shed": 1, "error": 0}
     assert summary.extra == {"m": pytest.approx(0.2)}
@@ -242,3 +242,26 @@ def test_promoting_the_shadow_stops_it(registry: Registry, tmp_path: Path) -> No
     assert registry.current_shadow("legal") is None
     stop = registry.shadow_history("legal")[0]
     assert (stop.action, stop.candidate, stop.reason) == ("stop", "b", "promoted to champion")
+
+
+def test_every_metric_the_alert_rules_name_is_served(registry: Registry, tmp_path: Path) -> None:
+    """deploy/prometheus/alerts.yaml parses and names only figures /api/v1/metrics serves."""
+    import re
+
+    import yaml
+
+    from registry import production_metrics
+
+    _seed(registry, tmp_path)
+    rules = yaml.safe_load(
+        (Path(__file__).resolve().parent.parent / "deploy/prometheus/alerts.yaml").read_text()
+    )
+    named = {
+        name
+        for group in rules["groups"]
+        for rule in group["rules"]
+        for name in re.findall(r"taskfleet_[a-z_]+", rule["expr"])
+    }
+    assert "taskfleet_production_drifted" in named
+    served = production_metrics.render(registry, lambda task: True).decode()
+    assert {name for name in named if f"# TYPE {name} gauge" not in served} == set()
