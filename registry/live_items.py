@@ -1,8 +1,8 @@
 """Labelled production items: feedback joined to the sampled input it is about.
 
-The control plane (``serving/production.py``) turns each feedback into one item in the form the
-task's suite kind reads (a text and its label; a query, its documents and the relevant ones; a
-query and the relevant corpus ids) and keeps it here, once per (request, input). Every
+The control plane (``serving/production_consumer.py``) turns each feedback into one item in the
+form the task's suite kind reads (a text and its label; a query, its documents and the relevant
+ones; a query and the relevant corpus ids) and keeps it here, once per (request, input). Every
 ``live_every`` items (a task setting), or on demand, the shell writes a new version of the
 task's suite holding all of them as its ``live`` split (``taskfleet/live_split.py``) and marks
 the items with the first version that holds them; a live version is a suite version like any

@@ -1,6 +1,6 @@
 """Sampled requests as the control plane judged them, and the drift windows measured on them.
 
-A sampled request arrives twice (``serving/production.py``): the gateway's record (who
+A sampled request arrives twice (``serving/production_consumer.py``): the gateway's record (who
 answered, how fast, the features drift needs) makes the row, and the shadow's reply, once
 judged against the champion's, fills in the shadow's side (``ok`` with the agreement per
 input, ``shed`` or ``error``). A row never holds the inputs themselves: those stay in stream

@@ -236,7 +236,7 @@ class ProductionRecordStore(ABC):
 
 class ControlLoopStore(PublisherStore, WorkerReportSink, ProductionRecordStore, ShadowReader):
     """What the control plane's NATS side uses: the publisher, the fleet watcher and the
-    production loops (``serving/control.py``, ``serving/production.py``)."""
+    production loops (``serving/control.py``, ``serving/production_consumer.py``)."""
 
     @abstractmethod
     def champion(self, task: str) -> e.Candidate | None: ...

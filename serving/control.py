@@ -76,7 +76,7 @@ class ControlLoops:
         self.stale_after_s = stale_after_s
         self.standby_retry_s = standby_retry_s
         self.ttl_s = ttl_s
-        # Fresh loops of the shell's for every term (production: serving/production.py and
+        # Fresh loops of the shell's for every term (production: serving/production_consumer.py and
         # taskfleet/production.py), run like the publisher and the watcher.
         self.extra_loops = extra_loops
         self._announce = announce or (lambda message: log.info("%s", message))

@@ -69,7 +69,7 @@ SAMPLES_STREAM = "SAMPLES"
 SAMPLES_SUBJECT_PREFIX = "samples."
 FEEDBACK_STREAM = "FEEDBACK"
 FEEDBACK_SUBJECT_PREFIX = "feedback."
-# The leading control plane's durable consumers of both (serving/production.py).
+# The leading control plane's durable consumers of both (serving/production_consumer.py).
 SAMPLES_CONSUMER = "control_samples"
 FEEDBACK_CONSUMER = "control_feedback"
 # Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.

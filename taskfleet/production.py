@@ -1,6 +1,6 @@
 """The shell's part of production: what the leading control plane makes of live traffic.
 
-``serving/production.py`` consumes the streams; this module gives it the judge that knows
+``serving/production_consumer.py`` consumes the streams; this module gives it the judge that knows
 suites and models (:class:`SuiteJudge`), and runs beside it the loop that acts on what was kept
 (:class:`ProductionTicker`), each tick, per task:
 
@@ -41,7 +41,7 @@ from registry import RegistryError
 from registry import entities as e
 from registry.store import AbstractStore
 from serving import protocol as p
-from serving.samples import ChampionSample, Feedback
+from serving.sample_records import ChampionSample, Feedback
 
 if TYPE_CHECKING:
     from serving.control import ControlLoop
@@ -479,7 +479,7 @@ def production_loops(
 ) -> Callable[[], list[ControlLoop]]:
     """What ``ControlLoops(extra_loops=...)`` runs on the leader, fresh every term: the stream
     consumer and the ticker, sharing one judge."""
-    from serving.production import ProductionConsumer
+    from serving.production_consumer import ProductionConsumer
 
     def loops() -> list[ControlLoop]:
         judge = SuiteJudge(registry, paths.eval_paths)

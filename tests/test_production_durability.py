@@ -16,7 +16,7 @@ import numpy as np
 from registry import Registry
 from serving import nats_layout
 from serving import protocol as p
-from serving.samples import ChampionSample, Feedback, encode, ttl_header
+from serving.sample_records import ChampionSample, Feedback, encode, ttl_header
 from testbed.fleet import wait_until
 from tests.kinds_fixture import LABELS, build_classification
 from tests.nats_fixture import running_nats

@@ -19,7 +19,7 @@ from serving import nats_layout
 from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
-from serving.samples import decode_feedback, decode_sample
+from serving.sample_records import decode_feedback, decode_sample
 from tests.gateway_fixture import Stack, beat, gateway_stack
 from tests.nats_fixture import running_nats
 from tests.test_registry import make_model_dir

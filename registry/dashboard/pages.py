@@ -12,7 +12,7 @@ from registry.access import Principal
 from registry.dashboard.actions import NO_CHAMPION
 from registry.dashboard.charts import agreement_chart, leaderboard_chart
 from registry.dashboard.context import Dashboard
-from registry.dashboard.production import production_page
+from registry.dashboard.production_page import production_page
 from registry.dashboard.rendering import DashboardRoute, render
 from registry.dashboard.views import (
     fleet_page,

@@ -36,7 +36,7 @@ from serving import protocol as p
 from serving.directory import KeyRecord
 from serving.gateway.bodies import check_fields
 from serving.gateway.errors import BadRequest, Forbidden, GatewayError, Unavailable
-from serving.samples import (
+from serving.sample_records import (
     HEADER_TTL,
     ROLE_CHAMPION,
     ChampionSample,

@@ -1,13 +1,13 @@
 """Sampling at the gateway: a share of a task's requests is kept, and copied to its shadow.
 
-For a sampled request (``serving/samples.py`` decides from its id at the task's rate):
+For a sampled request (``serving/sample_records.py`` decides from its id at the task's rate):
 
 - a copy goes to the task's shadow (when a live worker holds its placement) on
   ``shadow.<task>``: the same queue payload, its own message id, a short deadline (a copy that
   cannot run soon is shed by the shadow, never queued for long), and as reply subject the
   shadow's subject in stream ``SAMPLES``. It is published in the background: the caller never
   waits for it, and its reply never reaches the caller;
-- once the champion answered, its :class:`~serving.samples.ChampionSample` is published to
+- once the champion answered, its :class:`~serving.sample_records.ChampionSample` is published to
   ``samples.<task>.<request id>.champion`` with the task's retention as TTL, before the caller
   gets the reply (so feedback about it is accepted at once); the reply then says
   ``X-Taskfleet-Sampled: 1``. A record above the inline limit, or one NATS does not take in
@@ -30,7 +30,7 @@ from nats.js import JetStreamContext
 from serving import nats_layout
 from serving.gateway.metrics import GatewayMetrics
 from serving.protocol import AnyReplyOk, PlacementValue, pack
-from serving.samples import (
+from serving.sample_records import (
     HEADER_TTL,
     ROLE_CHAMPION,
     ROLE_SHADOW,

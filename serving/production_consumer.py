@@ -6,7 +6,7 @@ The leading control plane runs one :class:`ProductionConsumer` on the durable pu
 what it says, so a control plane killed mid-way loses nothing: the next leader gets the
 unacked messages again, and the registry keeps each sample and each labelled item once.
 
-- ``samples.<task>.<id>.champion`` (a gateway's :class:`~serving.samples.ChampionSample`):
+- ``samples.<task>.<id>.champion`` (a gateway's :class:`~serving.sample_records.ChampionSample`):
   the judge turns it into the sample row (who answered, how fast, the features drift reads).
 - ``samples.<task>.<id>.shadow`` (the shadow worker's reply): the judge compares it with the
   champion's reply, read back from the stream, and the row gets the shadow's side; the message
@@ -41,7 +41,7 @@ from registry.store import ControlLoopStore
 from serving import nats_layout
 from serving import protocol as p
 from serving.connection import NatsTarget, connect_forever
-from serving.samples import (
+from serving.sample_records import (
     ROLE_CHAMPION,
     ROLE_SHADOW,
     ChampionSample,
