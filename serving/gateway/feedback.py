@@ -30,6 +30,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from contract import HEADERS
 from httpapi.errors import ErrorCode, shown
 from serving import nats_layout
 from serving import protocol as p
@@ -182,7 +183,7 @@ async def record_feedback(
         ts_ms=int(time.time() * 1000),
     )
     subject = nats_layout.feedback_subject(record.task, feedback.request_id, feedback.index)
-    headers = {"Nats-Msg-Id": subject, HEADER_TTL: ttl_header(retention_s)}
+    headers = {HEADERS.msg_id: subject, HEADER_TTL: ttl_header(retention_s)}
     exists = FeedbackExists(
         f"feedback on input {feedback.index} of request {shown(feedback.request_id)} is "
         "already recorded"

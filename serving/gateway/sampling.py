@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import nats.errors
 from nats.js import JetStreamContext
 
+from contract import HEADERS
 from serving import nats_layout
 from serving.gateway.metrics import GatewayMetrics
 from serving.protocol import AnyReplyOk, PlacementValue, pack
@@ -73,11 +74,11 @@ class Sampler:
     ) -> None:
         """Publish the shadow's copy in the background (never awaited by the caller)."""
         headers = {
-            "Nats-Msg-Id": request_id,
-            "Tf-Request-Id": request_id,
-            "Tf-Reply": nats_layout.sample_subject(task, request_id, ROLE_SHADOW),
-            "Tf-Deadline": str(int(time.time() * 1000) + SHADOW_DEADLINE_MS),
-            "Tf-Priority": str(priority),
+            HEADERS.msg_id: request_id,
+            HEADERS.request_id: request_id,
+            HEADERS.reply: nats_layout.sample_subject(task, request_id, ROLE_SHADOW),
+            HEADERS.deadline: str(int(time.time() * 1000) + SHADOW_DEADLINE_MS),
+            HEADERS.priority: str(priority),
         }
         copy = asyncio.create_task(self._publish_copy(js, task, payload, headers))
         self._copies.add(copy)
@@ -97,7 +98,7 @@ class Sampler:
             self.metrics.shadow_copies.labels(task=task, outcome="sent").inc()
         except (nats.errors.Error, TimeoutError) as exc:
             self.metrics.shadow_copies.labels(task=task, outcome="failed").inc()
-            log.info("shadow copy of %s not published: %s", headers["Tf-Request-Id"], exc)
+            log.info("shadow copy of %s not published: %s", headers[HEADERS.request_id], exc)
 
     async def record(
         self,
@@ -127,7 +128,7 @@ class Sampler:
             self.metrics.samples.labels(task=task, outcome="too_large").inc()
             return False
         headers = {
-            "Nats-Msg-Id": f"{reply.request_id}.{ROLE_CHAMPION}",
+            HEADERS.msg_id: f"{reply.request_id}.{ROLE_CHAMPION}",
             HEADER_TTL: ttl_header(sampling.retention_s),
         }
         try:
