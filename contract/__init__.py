@@ -62,6 +62,10 @@ class StreamRule:
     storage: str  # "file", "memory"
     max_age_s: float
     duplicate_window_s: float | None = None
+    discard: str | None = None  # "old", "new"; None: the server's default (old)
+    max_msgs_per_subject: int | None = None  # None: unbounded
+    discard_new_per_subject: bool = False
+    allow_msg_ttl: bool = False  # messages may carry their own TTL (`Nats-TTL`)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,17 @@ class ConsumerRule:
     ack_policy: str  # the server's names: "explicit"
     ack_wait_s: float
     max_deliver: int
+
+
+@dataclass(frozen=True)
+class ControlConsumers:
+    """The leading control plane's durable consumers of SAMPLES and FEEDBACK."""
+
+    samples: str
+    feedback: str
+    ack_policy: str
+    ack_wait_s: float
+    max_ack_pending: int
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,9 @@ class ObjectStoreRule:
 class Streams:
     tasks: StreamRule
     dlq: StreamRule
+    shadow: StreamRule
+    samples: StreamRule
+    feedback: StreamRule
 
 
 @dataclass(frozen=True)
@@ -109,10 +127,13 @@ class ObjectStores:
 class Nats:
     replicas: int
     reply_subject_prefix: str
+    shadow_key_suffix: str
     streams: Streams
     task_consumer: ConsumerRule
     kv: KeyValues
     object_stores: ObjectStores
+    shadow_consumer: ConsumerRule
+    production_consumers: ControlConsumers
 
 
 @dataclass(frozen=True)

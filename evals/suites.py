@@ -55,6 +55,8 @@ class SuiteSpec:
     description: str = ""
     version: str = "0"  # the registry's version number; "0" before registration
     registered_fingerprint: str | None = None
+    # A live version's split of labelled production items (taskfleet/live_split.py).
+    live_split: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,7 +68,7 @@ class SuiteSpec:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return (self.test_split, self.train_split) if self.train_split else (self.test_split,)
+        return tuple(s for s in (self.test_split, self.train_split, self.live_split) if s)
 
     def with_location(self, location: Path) -> SuiteSpec:
         return replace(self, location=location)
@@ -106,6 +108,8 @@ class SuiteSpec:
             "metrics": list(self.metrics),
             "main_metric": self.main_metric,
         }
+        if self.live_split is not None:  # absent otherwise: older fingerprints stay valid
+            declaration["live_split"] = self.live_split
         digest.update(json.dumps(declaration, sort_keys=True).encode())
         digest.update(b"\n")
         for path in self.data_files(data_root):
@@ -145,6 +149,7 @@ def spec_from_record(suite: Suite, location: Path | None = None) -> SuiteSpec:
         description=suite.description,
         version=str(suite.version),
         registered_fingerprint=suite.fingerprint,
+        live_split=suite.live_split,
     )
 
 
@@ -177,6 +182,7 @@ def declare(
     main_metric: str | None = None,
     description: str = "",
     data_root: Path | None = None,
+    live_split: str | None = None,
 ) -> tuple[SuiteCreate, dict[str, dict[str, int]]]:
     """Read and fingerprint a declaration; returns what the registry stores and per-split
     counts. ``folder`` relative to the data root stays relative (the built-ins); any other
@@ -196,6 +202,12 @@ def declare(
     train = _split(train_split, "train", found, root, kind, required=False)
     if train is not None and train == test:
         raise SuiteDataError(f"the test split and the training split are both {test!r}")
+    if live_split is not None:
+        _split(live_split, live_split, found, root, kind, required=True)
+        if live_split in (test, train):
+            raise SuiteDataError(
+                f"the live split {live_split!r} is also the test or training split"
+            )
     metrics, main = check_metrics(kind, main_metric)
     spec = SuiteSpec(
         name=name,
@@ -206,6 +218,7 @@ def declare(
         metrics=metrics,
         main_metric=main,
         description=description,
+        live_split=live_split,
     )
     stats: dict[str, dict[str, int]] = {}
     for split in spec.splits:  # read everything now: bad input fails before registration
@@ -221,6 +234,7 @@ def declare(
         fingerprint=spec.fingerprint(data_root),
         description=description,
         stats=stats,
+        live_split=live_split,
     )
     return create, stats
 

@@ -28,6 +28,8 @@ class SuiteCreate:
     description: str = ""
     mteb_task: str | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    # The split of labelled production items a live version holds (docs: "Live splits").
+    live_split: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,11 @@ class Suite:
     mteb_task: str | None
     stats: dict[str, Any]
     created_at: datetime
+    live_split: str | None = None
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return (self.test_split, self.train_split) if self.train_split else (self.test_split,)
+        return tuple(s for s in (self.test_split, self.train_split, self.live_split) if s)
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,10 @@ class PromotionCheck:
     champion_run_id: int | None = None
     runtime: str | None = None  # the runtime the challenger would be placed on
     champion_runtime: str | None = None
+    # The split(s) compared ("offline", "live", "both"), and whether it failed only because
+    # a contender's evidence is stale (a newer suite version, another runtime).
+    evidence: str = "offline"
+    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,3 +421,206 @@ class RuntimeProfile:
     sweep: list[dict[str, Any]]
     actor: str
     created_at: datetime
+
+
+# ---- production (docs/architecture.md "Production") --------------------------------------------
+
+#: What the promotion rule compares: the suite's test split, its live split, or both.
+EVIDENCE_KINDS = ("offline", "live", "both")
+
+
+@dataclass(frozen=True)
+class ProductionSettings:
+    """How a task is watched in production (``taskfleet production set``)."""
+
+    task: str
+    sample_rate: float = 0.0  # share of requests sampled: kept, copied to a shadow, judged
+    retention_days: float = 7.0  # how long sampled inputs are kept
+    evidence: str = "offline"  # what the promotion rule compares (EVIDENCE_KINDS)
+    drift_alpha: float = 0.01  # false-alarm rate per drift window
+    drift_window: int = 100  # sampled inputs per drift window
+    live_every: int = 100  # labelled items per new live version of the suite
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """One start or stop of a task's shadow (the recorded act and its placement epoch)."""
+
+    id: int
+    task: str
+    action: str  # "start" | "stop"
+    candidate: str
+    runtime: str
+    sample_rate: float
+    epoch: int
+    actor: str
+    reason: str
+    created_at: datetime
+    published_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.action == "start"
+
+
+@dataclass(frozen=True)
+class SampleCreate:
+    """A sampled request as its gateway answered it, judged by the control plane."""
+
+    task: str
+    request_id: str
+    received_at: datetime
+    inputs: int
+    champion: str
+    champion_model_key: str
+    champion_epoch: int
+    champion_ms: float
+    shadow: str | None  # the candidate its copy went to; None: no shadow
+    lengths: list[int]
+    predicted: list[str] | None = None
+    vectors: bytes | None = None
+    dims: int | None = None
+
+
+@dataclass(frozen=True)
+class ShadowOutcome:
+    """What the shadow made of a sampled request's copy."""
+
+    request_id: str
+    outcome: str  # "ok" | "shed" | "error"
+    shadow_ms: float | None = None
+    error: str | None = None
+    agreement: list[float] | None = None  # per input: the headline measure
+    agreement_extra: dict[str, list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: int
+    task: str
+    request_id: str
+    received_at: datetime
+    inputs: int
+    champion: str
+    champion_model_key: str
+    champion_epoch: int
+    champion_ms: float
+    shadow: str | None
+    shadow_outcome: str  # "none" | "pending" | "ok" | "shed" | "error"
+    shadow_ms: float | None
+    agreement: list[float] | None
+    agreement_extra: dict[str, list[float]] | None
+    lengths: list[int]
+    predicted: list[str] | None
+    vectors: bytes | None
+    dims: int | None
+
+
+@dataclass(frozen=True)
+class AgreementPoint:
+    """Agreement of the inputs of one time bucket, with its 95% bootstrap CI."""
+
+    start: datetime
+    inputs: int
+    estimate: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class AgreementSummary:
+    """How far the shadow agreed with the champion on the sampled requests kept."""
+
+    task: str
+    shadow: str | None
+    inputs: int  # inputs both answered
+    estimate: float | None
+    low: float | None
+    high: float | None
+    extra: dict[str, float]  # the kind's other measures, means over the same inputs
+    outcomes: dict[str, int]  # sampled requests by shadow outcome
+    series: list[AgreementPoint]
+    champion_ms_p50: float | None = None
+    shadow_ms_p50: float | None = None
+
+
+@dataclass(frozen=True)
+class LiveItemCreate:
+    task: str
+    request_id: str
+    index: int
+    item: dict[str, Any]  # what the suite's kind reads: text+label, query+documents+relevant...
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class LiveItem:
+    id: int
+    task: str
+    request_id: str
+    index: int
+    item: dict[str, Any]
+    key: str | None
+    received_at: datetime
+    suite_version: int | None  # the first live version holding it
+
+
+@dataclass(frozen=True)
+class DriftWindowCreate:
+    task: str
+    first_sample_id: int
+    last_sample_id: int
+    size: int
+    champion: str
+    suite_version: int
+    signals: list[dict[str, Any]]  # {"name", "statistic", "p_value"}
+    p_min: float
+    alpha: float
+    drifted: bool
+
+
+@dataclass(frozen=True)
+class DriftWindow:
+    id: int
+    task: str
+    created_at: datetime
+    first_sample_id: int
+    last_sample_id: int
+    size: int
+    champion: str
+    suite_version: int
+    signals: list[dict[str, Any]]
+    p_min: float
+    alpha: float
+    drifted: bool
+
+
+@dataclass(frozen=True)
+class Reevaluation:
+    """A stale pairing queued for a fresh eval run, and how that run went."""
+
+    id: int
+    task: str
+    candidate: str
+    runtime: str | None
+    suite_fingerprint: str
+    suite_version: int | None
+    split: str
+    reason: str
+    state: str  # "queued" | "running" | "done" | "failed"
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    eval_run_id: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Why a pairing's evidence no longer matches what it is measured on (empty: fresh)."""
+
+    task: str
+    candidate: str
+    runtime: str | None
+    role: str  # "champion" | "shadow" | "challenger"
+    reasons: list[str]

@@ -128,7 +128,7 @@ def _scored_version(s: Session, run: e.EvalRunCreate) -> SuiteRow:
             f"suite {run.suite_name!r} has no registered version with fingerprint "
             f"{run.suite_fingerprint[:12]}; register the data first (`taskfleet suite add`)"
         )
-    if run.split not in (version.test_split, version.train_split):
+    if run.split not in (version.test_split, version.train_split, version.live_split):
         raise InvalidInput(f"suite {run.suite_name!r} has no split {run.split!r}")
     return version
 
@@ -194,3 +194,13 @@ def ranking_run_row(
     newest = query.order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc())
     full = s.scalar(newest.where(EvalRunRow.sample_size.is_(None)).limit(1))
     return full if full is not None else s.scalar(newest.limit(1))
+
+
+def newest_run_row(s: Session, candidate_id: int) -> EvalRunRow | None:
+    """A candidate's newest run, on any suite version, split or runtime."""
+    return s.scalar(
+        select(EvalRunRow)
+        .where(EvalRunRow.candidate_id == candidate_id)
+        .order_by(EvalRunRow.created_at.desc(), EvalRunRow.id.desc())
+        .limit(1)
+    )

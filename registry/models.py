@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -123,6 +124,9 @@ class SuiteRow(Base):
     # Counts read when the version was declared (queries, documents, items, labels).
     stats: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = _created()
+    # The split of labelled production items (feedback joined to sampled requests) this
+    # version holds besides its own splits; None for a folder as its owner declared it.
+    live_split: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class BaseModelRow(Base):
@@ -340,3 +344,127 @@ class RuntimeProfileRow(Base):
     sweep: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
     actor: Mapped[str] = mapped_column(String(128), nullable=False)
     created_at: Mapped[datetime] = _created()
+
+
+# ---- production: how served pairings stay proven (docs/architecture.md "Production") -----------
+
+
+class ProductionSettingsRow(Base):
+    """How a task is watched in production; a task without a row has the defaults."""
+
+    __tablename__ = "production_settings"
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), primary_key=True)
+    sample_rate: Mapped[float] = mapped_column(Float, nullable=False)
+    retention_days: Mapped[float] = mapped_column(Float, nullable=False)
+    evidence: Mapped[str] = mapped_column(String(16), nullable=False)
+    drift_alpha: Mapped[float] = mapped_column(Float, nullable=False)
+    drift_window: Mapped[int] = mapped_column(Integer, nullable=False)
+    live_every: Mapped[int] = mapped_column(Integer, nullable=False)
+    updated_at: Mapped[datetime] = _created()
+
+
+class ShadowRow(Base):
+    """One start or stop of a task's shadow: the recorded act and the shadow placement epoch
+    it writes (a stop removes the placement). The task's newest row is its shadow's state."""
+
+    __tablename__ = "shadows"
+    __table_args__ = (UniqueConstraint("task_id", "epoch", name="uq_shadows_task_epoch"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    action: Mapped[str] = mapped_column(String(8), nullable=False)  # "start" | "stop"
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), nullable=False)
+    runtime: Mapped[str] = mapped_column(String(16), nullable=False)
+    sample_rate: Mapped[float] = mapped_column(Float, nullable=False)
+    epoch: Mapped[int] = mapped_column(Integer, nullable=False)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = _created()
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class SampleRow(Base):
+    """A sampled request as the control plane judged it: who answered, how fast, how alike,
+    and the features drift is measured on. Inputs are not kept here (they stay in stream
+    SAMPLES for the task's retention); the row is deleted with them."""
+
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False, index=True)
+    inputs: Mapped[int] = mapped_column(Integer, nullable=False)
+    champion: Mapped[str] = mapped_column(String(128), nullable=False)
+    champion_model_key: Mapped[str] = mapped_column(Text, nullable=False)
+    champion_epoch: Mapped[int] = mapped_column(Integer, nullable=False)
+    champion_ms: Mapped[float] = mapped_column(Float, nullable=False)
+    shadow: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # "none" (no shadow), "pending", "ok", "shed", "error"
+    shadow_outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    shadow_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    shadow_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Per input: the headline agreement and the kind's other measures.
+    agreement: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    agreement_extra: Mapped[dict[str, list[float]] | None] = mapped_column(JSON, nullable=True)
+    lengths: Mapped[list[int]] = mapped_column(JSON, nullable=False)
+    predicted: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # Retrieval: the champion's query vectors (little-endian float32, inputs x dims).
+    vectors: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    dims: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class LiveItemRow(Base):
+    """One labelled production item: feedback joined to its sampled input, in the form the
+    suite's kind reads (``item``), until a live version of the suite holds it."""
+
+    __tablename__ = "live_items"
+    __table_args__ = (
+        UniqueConstraint("task_id", "request_id", "input_index", name="uq_live_items_input"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    request_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    input_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    item: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    key_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    received_at: Mapped[datetime] = _created()
+    # The first live version of the suite that holds it; None: not cut into one yet.
+    suite_version_id: Mapped[int | None] = mapped_column(ForeignKey("suites.id"), nullable=True)
+
+
+class DriftWindowRow(Base):
+    """One window of sampled inputs compared with the suite's test inputs."""
+
+    __tablename__ = "drift_windows"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    created_at: Mapped[datetime] = _created()
+    first_sample_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_sample_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    champion: Mapped[str] = mapped_column(String(128), nullable=False)
+    suite_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    signals: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
+    p_min: Mapped[float] = mapped_column(Float, nullable=False)
+    alpha: Mapped[float] = mapped_column(Float, nullable=False)
+    drifted: Mapped[bool] = mapped_column(Boolean, nullable=False)
+
+
+class ReevaluationRow(Base):
+    """A pairing queued for a fresh eval run because its evidence went stale; the control
+    loop runs them one at a time and records how each ended."""
+
+    __tablename__ = "reevaluations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), nullable=False, index=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), nullable=False)
+    runtime: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    suite_fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    split: Mapped[str] = mapped_column(String(64), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)  # queued|running|done|failed
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    eval_run_id: Mapped[int | None] = mapped_column(ForeignKey("eval_runs.id"), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -13,6 +13,12 @@ metric is no worse than the champion's by more than the task's margin, so a quan
 serves only if its score holds. A pairing the runtime cannot serve (see ``registry.runtimes``)
 never passes. The first champion needs only an eval run.
 
+What the runs are scored on is the task's ``evidence`` setting: ``offline`` the suite's test
+split (the default), ``live`` its live split (labelled production items, ``registry/
+live_items.py``), ``both`` each, and both must pass. Evidence that is stale (a run on an older
+suite version or through another runtime, ``registry/reevaluations.py``) never passes: the
+verdict says so (``stale``) and how to refresh it.
+
 ``judge`` reads only the ``Evidence`` it is given; ``registry/promotions.py`` gathers it from the
 database (the runs that rank each contender on the suite version, the champion from the
 promotion history, what the models are) and acts on the verdict: a rule not met is promoted
@@ -62,6 +68,10 @@ class Contender:
     model: ModelBuild | None  # None: a model-free baseline
     adapter: str | None
     run: e.EvalRun | None  # its ranking run through the runtime in question, if any
+    # Why its evidence is stale, when it has no run here but older evidence (None: not stale).
+    stale: str | None = None
+    live_run: e.EvalRun | None = None  # the same, on the version's live split
+    live_stale: str | None = None
 
     @property
     def cost(self) -> Cost | None:
@@ -85,10 +95,55 @@ class Evidence:
     champion: Contender | None = None
     champion_runtime: str | None = None
     prefer: str = "best"  # "cheapest": a cheaper challenger non-inferior within the margin passes
+    evidence: str = "offline"  # the task's: "offline" | "live" | "both"
+    live_split: str | None = None  # the version's live split, if it has one
+    command: str = ""  # how to refresh a contender's evidence: `taskfleet eval run TASK -c {}`
 
 
 def judge(evidence: Evidence) -> e.PromotionCheck:
-    """The rule's verdict on promoting the challenger (on its runtime), with the numbers."""
+    """The rule's verdict on promoting the challenger (on its runtime), with the numbers, on
+    the task's evidence: the test split, the live split, or both (each must pass)."""
+    if evidence.evidence == "offline":
+        return _judge(evidence, "test")
+    if evidence.live_split is None:
+        verdict = _judge(evidence, "test")
+        where = f"suite {evidence.suite}" if evidence.suite else "its suite"
+        return _with(
+            verdict,
+            passes=False,
+            evidence=evidence.evidence,
+            reason=f"the task's evidence is {evidence.evidence}, but {where} has no live split "
+            "yet (feedback on sampled requests makes one: `taskfleet production cut "
+            f"{evidence.task}`)",
+        )
+    live = _with(_judge(_on_live(evidence), "live"), evidence=evidence.evidence)
+    if evidence.evidence == "live":
+        return live
+    offline = _with(_judge(evidence, "test"), evidence=evidence.evidence)
+    if offline.passes and live.passes:
+        return _with(offline, reason=f"offline: {offline.reason}; live: {live.reason}")
+    failing, which = (offline, "offline") if not offline.passes else (live, "live")
+    return _with(failing, passes=False, reason=f"{which}: {failing.reason}")
+
+
+def _on_live(evidence: Evidence) -> Evidence:
+    def live(c: Contender | None) -> Contender | None:
+        return replace(c, run=c.live_run, stale=c.live_stale) if c is not None else None
+
+    challenger = live(evidence.challenger)
+    assert challenger is not None
+    return replace(evidence, challenger=challenger, champion=live(evidence.champion))
+
+
+def _refresh(evidence: Evidence, who: str, split: str) -> str:
+    command = evidence.command.format(who) if evidence.command else ""
+    if command and split == "live":
+        command += " --split live"
+    how = f"refresh it with `{command}`" if command else "evaluate it again"
+    return f"{how} (the re-evaluation loop of `taskfleet serve` queues it by itself)"
+
+
+def _judge(evidence: Evidence, split: str) -> e.PromotionCheck:
     challenger, champion = evidence.challenger, evidence.champion
     verdict = e.PromotionCheck(
         task=evidence.task,
@@ -114,22 +169,37 @@ def judge(evidence: Evidence) -> e.PromotionCheck:
         return _with(verdict, reason=problem)
     if run is None or evidence.suite is None:
         where = f"suite {evidence.suite}" if evidence.suite else "its suite"
-        return _with(
-            verdict,
-            reason=f"{challenger.name!r} has no eval run through the {runtime} runtime on the "
-            f"test split of {where}",
+        missing = (
+            f"{challenger.name!r} has no eval run through the {runtime} runtime on the "
+            f"{split} split of {where}"
         )
+        if challenger.stale is not None:
+            return _with(
+                verdict,
+                stale=True,
+                reason=f"{missing}: its evidence is stale ({challenger.stale}); "
+                + _refresh(evidence, challenger.name, split),
+            )
+        return _with(verdict, reason=missing)
     verdict = _with(verdict, main_metric=run.main_metric, challenger_run_id=run.id)
     if champion is None:
         return _with(verdict, passes=True, reason="no champion yet; challenger evaluated")
     champion_run = champion.run
     if champion_run is None:
-        return _with(
-            verdict,
-            reason=f"champion {champion.name!r} has no eval run through "
-            f"{evidence.champion_runtime} on suite {evidence.suite} (evaluate it on the new "
-            "version first)",
+        missing = (
+            f"champion {champion.name!r} has no eval run through "
+            f"{evidence.champion_runtime} on suite {evidence.suite}"
         )
+        if split != "test":
+            missing += f" ({split} split)"
+        if champion.stale is not None:
+            return _with(
+                verdict,
+                stale=True,
+                reason=f"{missing}: its evidence is stale ({champion.stale}); "
+                + _refresh(evidence, champion.name, split),
+            )
+        return _with(verdict, reason=f"{missing} (evaluate it on the new version first)")
     # numpy, which the bootstrap needs, loads only when a rule is judged: not for the
     # registry's listings (`taskfleet task ls`).
     from registry.bootstrap import paired_run_difference

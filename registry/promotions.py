@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from httpapi.errors import ErrorCode
 from registry import entities as e
 from registry.errors import Conflict, InvalidInput, PermissionDenied
-from registry.evalruns import eval_entity, ranking_run_row
+from registry.evalruns import eval_entity, newest_run_row, ranking_run_row
 from registry.models import AdapterRow, BaseModelRow, CandidateRow, PlacementRow, SuiteRow
 from registry.placements import (
     CANDIDATE_CHANGES,
@@ -27,6 +27,7 @@ from registry.placements import (
     placement_entity,
     write_epoch,
 )
+from registry.production_settings import settings_of
 from registry.promotion_history import (
     champion_pairing,
     latest_promotion,
@@ -43,8 +44,10 @@ from registry.promotion_rule import (
     unservable,
 )
 from registry.recommendation import Option, recommend
+from registry.reevaluations import Pairing, stale_reason
 from registry.rows import get_candidate_row, get_task_row, model_entity
 from registry.runtimes import DEFAULT_RUNTIME
+from registry.shadows import stop_shadow_of
 from registry.store import UNSET
 from registry.suite_versions import newest_suite_row
 from registry.transactions import Transactions
@@ -55,6 +58,12 @@ AUTO_PROMOTE_ACTOR = "system:auto-promote"
 
 class PromotionRuleNotMet(InvalidInput):
     code = ErrorCode.PROMOTION_RULE_NOT_MET
+
+
+class EvidenceStale(InvalidInput):
+    """The rule cannot judge: a contender's evidence is stale (refresh it first)."""
+
+    code = ErrorCode.EVIDENCE_STALE
 
 
 class PromotionRequired(InvalidInput):
@@ -121,6 +130,8 @@ class PromotionRepository:
         if not check.passes:
             if check.champion == candidate and check.champion_runtime == runtime:
                 raise Conflict(check.reason)
+            if check.stale and not override:
+                raise EvidenceStale(f"cannot promote {candidate!r}: {check.reason}")
             if not override:
                 raise PromotionRuleNotMet(
                     f"cannot promote {candidate!r}: {check.reason}; an admin may override "
@@ -304,6 +315,9 @@ class PromotionRepository:
                 runtime=runtime,
             )
             entity = promotion_entity(s, row)
+            # The shadow that is promoted stops being one: it serves callers now.
+            done = {"promote": "promoted", "override": "promoted (override)"}.get(kind, kind)
+            stop_shadow_of(s, task_row, cand, actor=self.tx.actor, why=f"{done} to champion")
             self.tx.audit(
                 s,
                 f"task.{kind}",
@@ -347,33 +361,49 @@ def _evidence(s: Session, task: str, candidate: str, runtime: str | None) -> Evi
     champion = champion_pairing(s, task_row.id)
     champ, champ_runtime = champion if champion else (None, None)
     suite = newest_suite_row(s, task_row.suite)
+    settings = settings_of(s, task_row)
 
-    def contender(row: CandidateRow, through: str | None) -> Contender:
-        return _contender(s, row, suite, through)
+    def contender(row: CandidateRow, through: str | None, role: str) -> Contender:
+        return _contender(s, row, suite, through, role)
 
     return Evidence(
         task=task,
         task_kind=task_row.kind,
         margin=task_row.margin,
         suite=f"{suite.name}@{suite.version}" if suite else None,
-        challenger=contender(cand, runtime),
+        challenger=contender(cand, runtime, "challenger"),
         runtime=runtime,
-        champion=contender(champ, champ_runtime) if champ else None,
+        champion=contender(champ, champ_runtime, "champion") if champ else None,
         champion_runtime=champ_runtime,
         prefer=task_row.prefer,
+        evidence=settings.evidence,
+        live_split=suite.live_split if suite else None,
+        command=f"taskfleet eval run {task} -c {{}}",
     )
 
 
 def _contender(
-    s: Session, row: CandidateRow, suite: SuiteRow | None, through: str | None
+    s: Session,
+    row: CandidateRow,
+    suite: SuiteRow | None,
+    through: str | None,
+    role: str = "challenger",
 ) -> Contender:
-    """A candidate with its ranking run on ``suite``'s test split (through ``through``, or the
-    newest through any runtime) and what its model is."""
+    """A candidate with its ranking runs on ``suite``'s test and live splits (through
+    ``through``, or the newest through any runtime), why its evidence there is stale (as the
+    ``role`` it plays: champion, shadow or challenger), and what its model is."""
     run = (
         ranking_run_row(s, row.id, suite.fingerprint, suite.test_split, runtime=through)
         if suite
         else None
     )
+    live_run = (
+        ranking_run_row(s, row.id, suite.fingerprint, suite.live_split, runtime=through)
+        if suite and suite.live_split
+        else None
+    )
+    newest = newest_run_row(s, row.id)
+    pairing = Pairing(row, through or (newest.runtime if newest else None) or DEFAULT_RUNTIME, role)
     base = s.get(BaseModelRow, row.base_model_id) if row.base_model_id else None
     adapter = s.get(AdapterRow, row.adapter_id) if row.adapter_id else None
     model = None
@@ -396,6 +426,13 @@ def _contender(
         model,
         adapter.name if adapter else None,
         eval_entity(s, run) if run else None,
+        stale=stale_reason(s, pairing, suite, suite.test_split) if suite else None,
+        live_run=eval_entity(s, live_run) if live_run else None,
+        live_stale=(
+            stale_reason(s, pairing, suite, suite.live_split)
+            if suite and suite.live_split
+            else None
+        ),
     )
 
 

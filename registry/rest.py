@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Security
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from httpapi.tokens import bearer_token
@@ -32,8 +32,11 @@ from registry.rest_bodies import (
     KeyQuotaIn,
     ModelIn,
     PlacementIn,
+    ProductionIn,
     PromoteIn,
     RollbackIn,
+    ShadowIn,
+    ShadowStopIn,
     SuiteIn,
     TaskIn,
     TaskLimitsIn,
@@ -329,6 +332,75 @@ def promote(task: str, body: PromoteIn, a: Act) -> dict[str, Any]:
 def rollback(task: str, body: RollbackIn, a: Act) -> dict[str, Any]:
     a.who.need("promoter", "admin")
     return asdict(a.reg.rollback(task, reason=body.reason, expected_champion=_expected(body)))
+
+
+@router.get("/tasks/{task}/shadow")
+def get_shadow(task: str, a: Act) -> dict[str, Any]:
+    """The task's running shadow (null: none) and every start and stop, newest first."""
+    shadow = a.reg.current_shadow(task)
+    return {
+        "shadow": asdict(shadow) if shadow else None,
+        "history": _dump(a.reg.shadow_history(task)),
+    }
+
+
+@router.post("/tasks/{task}/shadow", status_code=201)
+def start_shadow(task: str, body: ShadowIn, a: Act) -> dict[str, Any]:
+    """Place a challenger beside the champion and sample ``sample_rate`` of the task's
+    requests for it (a recorded row, like a promotion)."""
+    a.who.need("promoter", "admin")
+    shadow = a.reg.start_shadow(
+        task,
+        body.candidate,
+        sample_rate=body.sample_rate,
+        runtime=body.runtime,
+        reason=body.reason,
+    )
+    return asdict(shadow)
+
+
+@router.post("/tasks/{task}/shadow/stop", status_code=201)
+def stop_shadow(task: str, body: ShadowStopIn, a: Act) -> dict[str, Any]:
+    a.who.need("promoter", "admin")
+    return asdict(a.reg.stop_shadow(task, reason=body.reason))
+
+
+@router.get("/tasks/{task}/production")
+def get_production(task: str, a: Act) -> dict[str, Any]:
+    """The task in production: settings, the shadow's agreement over time (95% bootstrap CI),
+    drift windows, the live split, stale evidence and the re-evaluation queue."""
+    labelled, waiting = a.reg.live_counts(task)
+    return jsonable_encoder(
+        {
+            "settings": asdict(a.reg.production_settings(task)),
+            "agreement": asdict(a.reg.agreement_summary(task)),
+            "drift": _dump(a.reg.drift_windows(task, limit=50)),
+            "live": {"items": labelled, "waiting": waiting},
+            "stale": _dump(a.reg.stale_pairings(task)),
+            "reevaluations": _dump(a.reg.list_reevaluations(task)),
+        }
+    )
+
+
+@router.patch("/tasks/{task}/production")
+def set_production(task: str, body: ProductionIn, a: Act) -> dict[str, Any]:
+    """Change some production settings; the gateways sample at the new rate after the
+    control plane's next pass."""
+    a.who.need("promoter", "admin")
+    changes = body.model_dump(exclude_none=True)
+    if not changes:
+        raise InvalidInput("name at least one setting to change")
+    return asdict(a.reg.set_production_settings(task, **changes))
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def production_metrics(a: Act) -> Response:
+    """Prometheus figures of production (agreement with its CI, shadow copies by outcome,
+    drift, live items, stale pairings, re-evaluations): registry/production_metrics.py. Scrape
+    with any control-plane key; a key with a task list sees its tasks only."""
+    from registry import production_metrics as pm
+
+    return Response(pm.render(a.reg, a.who.allows), media_type=pm.CONTENT_TYPE)
 
 
 @router.get("/keys")

@@ -193,3 +193,28 @@ class RollbackIn(Body):
     expected_champion: Name | None = Field(
         None, description="The champion the caller saw; leave out to skip the stale check."
     )
+
+
+class ShadowIn(Body):
+    """Start (or replace) the task's shadow: a challenger answering a sampled copy of live
+    requests, never a caller."""
+
+    candidate: Name
+    sample_rate: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share sampled.")
+    runtime: Short | None = Field(None, description="Default: the runtime of its newest run.")
+    reason: Text = ""
+
+
+class ShadowStopIn(Body):
+    reason: Text = ""
+
+
+class ProductionIn(Body):
+    """Production settings of a task; a field left out keeps its value."""
+
+    sample_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    retention_days: float | None = Field(None, gt=0, le=90, allow_inf_nan=False)
+    evidence: Short | None = Field(None, description="offline, live or both.")
+    drift_alpha: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    drift_window: int | None = Field(None, ge=1, le=100_000, strict=True)
+    live_every: int | None = Field(None, ge=1, le=100_000, strict=True)

@@ -2,7 +2,8 @@
 
 `Registry` is the one SQLAlchemy implementation of `registry.store.AbstractStore`. It holds one
 repository per entity (suite versions, tasks, base models, adapters, candidates, variants, eval
-runs, placements, the promotion history, promotions, API keys, dashboard sessions, the fleet)
+runs, placements, the promotion history, promotions, API keys, dashboard sessions, the fleet,
+and production: settings, shadows, samples, live items, re-evaluations)
 and hands each call to the one that owns it; it inherits nothing but the interface. Each public
 method is one transaction (`registry/transactions.py`) that also appends to the audit log.
 Callers that need only part of it type against the narrower views in `registry/store.py`.
@@ -24,11 +25,16 @@ from registry.evalruns import EvalRunRepository
 from registry.fitted_baselines import BaselineRepository, servable_baseline
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
+from registry.live_items import LiveItemRepository
 from registry.placements import PlacementRepository
+from registry.production_settings import ProductionSettingsRepository
 from registry.profiles import ProfileRepository
 from registry.promotion_history import PromotionHistoryRepository
 from registry.promotions import PromotionRepository
+from registry.reevaluations import ReevaluationRepository
+from registry.samples import SampleRepository
 from registry.sessions import DashboardSessionRepository
+from registry.shadows import ShadowRepository
 from registry.store import UNSET, AbstractStore, BaselineBuilder, VariantBuilder
 from registry.suite_versions import SuiteRepository
 from registry.tasks import TaskRepository
@@ -56,6 +62,11 @@ class Registry(AbstractStore):
         self._sessions = DashboardSessionRepository(tx)
         self._fleet = FleetRepository(tx, self._placements)
         self._profiles = ProfileRepository(tx)
+        self._production = ProductionSettingsRepository(tx)
+        self._shadows = ShadowRepository(tx)
+        self._samples = SampleRepository(tx)
+        self._live = LiveItemRepository(tx)
+        self._reevaluations = ReevaluationRepository(tx)
 
     @classmethod
     def open(
@@ -481,3 +492,105 @@ class Registry(AbstractStore):
 
     def profiles_for(self, model_sha256: str) -> list[e.RuntimeProfile]:
         return self._profiles.profiles_for(model_sha256)
+
+    # ---- production --------------------------------------------------------------------
+    def production_settings(self, task: str) -> e.ProductionSettings:
+        return self._production.production_settings(task)
+
+    def set_production_settings(
+        self, task: str, **changes: float | int | str
+    ) -> e.ProductionSettings:
+        return self._production.set_production_settings(task, **changes)
+
+    def list_production_settings(self) -> list[e.ProductionSettings]:
+        return self._production.list_production_settings()
+
+    def start_shadow(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        sample_rate: float,
+        runtime: str | None = None,
+        reason: str = "",
+    ) -> e.Shadow:
+        return self._shadows.start_shadow(
+            task, candidate, sample_rate=sample_rate, runtime=runtime, reason=reason
+        )
+
+    def stop_shadow(self, task: str, *, reason: str = "") -> e.Shadow:
+        return self._shadows.stop_shadow(task, reason=reason)
+
+    def current_shadow(self, task: str) -> e.Shadow | None:
+        return self._shadows.current_shadow(task)
+
+    def shadow_history(self, task: str | None = None) -> list[e.Shadow]:
+        return self._shadows.shadow_history(task)
+
+    def unpublished_shadows(self) -> list[e.Shadow]:
+        return self._shadows.unpublished_shadows()
+
+    def mark_shadow_published(self, task: str, epoch: int) -> None:
+        self._shadows.mark_shadow_published(task, epoch)
+
+    def record_sample(self, sample: e.SampleCreate) -> bool:
+        return self._samples.record_sample(sample)
+
+    def record_shadow_outcome(self, outcome: e.ShadowOutcome) -> bool:
+        return self._samples.record_shadow_outcome(outcome)
+
+    def get_sample(self, request_id: str) -> e.Sample | None:
+        return self._samples.get_sample(request_id)
+
+    def list_samples(
+        self, task: str, *, after_id: int = 0, limit: int = 1000, model_key: str | None = None
+    ) -> list[e.Sample]:
+        return self._samples.list_samples(task, after_id=after_id, limit=limit, model_key=model_key)
+
+    def agreement_summary(
+        self, task: str, *, shadow: str | None = None, buckets: int = 12
+    ) -> e.AgreementSummary:
+        return self._samples.agreement_summary(task, shadow=shadow, buckets=buckets)
+
+    def record_drift_window(self, window: e.DriftWindowCreate) -> e.DriftWindow:
+        return self._samples.record_drift_window(window)
+
+    def drift_windows(self, task: str, *, limit: int = 100) -> list[e.DriftWindow]:
+        return self._samples.drift_windows(task, limit=limit)
+
+    def prune_samples(self, *, now: datetime | None = None) -> int:
+        return self._samples.prune_samples(now=now)
+
+    def add_live_item(self, item: e.LiveItemCreate) -> e.LiveItem | None:
+        return self._live.add_live_item(item)
+
+    def live_items(self, task: str) -> list[e.LiveItem]:
+        return self._live.live_items(task)
+
+    def live_counts(self, task: str) -> tuple[int, int]:
+        return self._live.live_counts(task)
+
+    def mark_live_items_cut(self, task: str, item_ids: list[int], suite_version: int) -> int:
+        return self._live.mark_live_items_cut(task, item_ids, suite_version)
+
+    def stale_pairings(self, task: str, *, challengers: int = 2) -> list[e.Staleness]:
+        return self._reevaluations.stale_pairings(task, challengers=challengers)
+
+    def queue_stale(self, task: str, *, challengers: int = 2) -> list[e.Reevaluation]:
+        return self._reevaluations.queue_stale(task, challengers=challengers)
+
+    def next_reevaluation(self) -> e.Reevaluation | None:
+        return self._reevaluations.next_reevaluation()
+
+    def finish_reevaluation(
+        self, reevaluation_id: int, *, eval_run_id: int | None = None, error: str | None = None
+    ) -> e.Reevaluation:
+        return self._reevaluations.finish_reevaluation(
+            reevaluation_id, eval_run_id=eval_run_id, error=error
+        )
+
+    def requeue_interrupted(self) -> int:
+        return self._reevaluations.requeue_interrupted()
+
+    def list_reevaluations(self, task: str, *, limit: int = 50) -> list[e.Reevaluation]:
+        return self._reevaluations.list_reevaluations(task, limit=limit)

@@ -124,7 +124,40 @@ class WorkerReportSink(ABC):
         """Flag workers silent since ``seen_before``, or the named ones; returns the ids flagged."""
 
 
-class PublisherStore(CatalogReader, PlacementOutbox, KeyDigestSource):
+class ShadowOutbox(ABC):
+    """Shadow starts and stops the fleet has not been told about yet (``registry/shadows.py``)."""
+
+    @abstractmethod
+    def unpublished_shadows(self) -> list[e.Shadow]:
+        """Per task, its newest shadow row when it is not published yet: a start to put into
+        KV ``placements`` under ``<task>.shadow``, a stop to delete there."""
+
+    @abstractmethod
+    def mark_shadow_published(self, task: str, epoch: int) -> None: ...
+
+
+class ProductionSettingsReader(ABC):
+    """How tasks are watched in production (``registry/production_settings.py``): the
+    directory publisher tells gateways each task's sample rate and retention."""
+
+    @abstractmethod
+    def production_settings(self, task: str) -> e.ProductionSettings:
+        """The task's settings (the defaults when none were set)."""
+
+    @abstractmethod
+    def list_production_settings(self) -> list[e.ProductionSettings]:
+        """Every task's settings, by task name."""
+
+
+class ShadowReader(ABC):
+    @abstractmethod
+    def current_shadow(self, task: str) -> e.Shadow | None:
+        """The task's running shadow, or None."""
+
+
+class PublisherStore(
+    CatalogReader, PlacementOutbox, ShadowOutbox, ProductionSettingsReader, KeyDigestSource
+):
     """What the placement and directory publisher reads (``serving/publisher.py``,
     ``serving/directory.py``)."""
 
@@ -144,9 +177,99 @@ class EndpointProbeSink(ABC):
         (and every pairing on it) stale."""
 
 
-class ControlLoopStore(PublisherStore, WorkerReportSink, EndpointProbeSink):
-    """What the control plane's NATS side uses: the publisher, the fleet watcher and the
-    endpoint watcher (``serving/control.py``)."""
+class ProductionRecordStore(ABC):
+    """What the control plane keeps of production (``registry/samples.py``,
+    ``live_items.py``, ``reevaluations.py``): sampled requests and the shadow's side of them,
+    drift windows, labelled live items, and the queue of re-evaluations of stale evidence."""
+
+    @abstractmethod
+    def record_sample(self, sample: e.SampleCreate) -> bool:
+        """Keep a sampled request until its task's retention ends; False if already kept."""
+
+    @abstractmethod
+    def record_shadow_outcome(self, outcome: e.ShadowOutcome) -> bool:
+        """The shadow's side of a kept sample; False when no sample has that request id."""
+
+    @abstractmethod
+    def get_sample(self, request_id: str) -> e.Sample | None: ...
+
+    @abstractmethod
+    def list_samples(
+        self, task: str, *, after_id: int = 0, limit: int = 1000, model_key: str | None = None
+    ) -> list[e.Sample]:
+        """Kept samples of a task after ``after_id``, oldest first (of one champion model)."""
+
+    @abstractmethod
+    def agreement_summary(
+        self, task: str, *, shadow: str | None = None, buckets: int = 12
+    ) -> e.AgreementSummary:
+        """The shadow's agreement with the champion, with a 95% bootstrap CI, over time."""
+
+    @abstractmethod
+    def record_drift_window(self, window: e.DriftWindowCreate) -> e.DriftWindow: ...
+
+    @abstractmethod
+    def drift_windows(self, task: str, *, limit: int = 100) -> list[e.DriftWindow]:
+        """A task's drift windows, newest first."""
+
+    @abstractmethod
+    def prune_samples(self, *, now: datetime | None = None) -> int:
+        """Delete the samples whose task's retention has passed; returns how many."""
+
+    @abstractmethod
+    def add_live_item(self, item: e.LiveItemCreate) -> e.LiveItem | None:
+        """Keep a labelled item; None when that (request, input) already has one."""
+
+    @abstractmethod
+    def live_items(self, task: str) -> list[e.LiveItem]:
+        """Every labelled item of a task, oldest first."""
+
+    @abstractmethod
+    def live_counts(self, task: str) -> tuple[int, int]:
+        """(labelled items, of which not in a live version yet)."""
+
+    @abstractmethod
+    def mark_live_items_cut(self, task: str, item_ids: list[int], suite_version: int) -> int:
+        """Note the live version that first holds these items."""
+
+    @abstractmethod
+    def stale_pairings(self, task: str, *, challengers: int = 2) -> list[e.Staleness]:
+        """The champion's, the shadow's and the best challengers' stale evidence, with why."""
+
+    @abstractmethod
+    def queue_stale(self, task: str, *, challengers: int = 2) -> list[e.Reevaluation]:
+        """Queue every stale (pairing, split) not queued or tried on this version yet."""
+
+    @abstractmethod
+    def next_reevaluation(self) -> e.Reevaluation | None:
+        """The oldest queued re-evaluation, marked running."""
+
+    @abstractmethod
+    def finish_reevaluation(
+        self, reevaluation_id: int, *, eval_run_id: int | None = None, error: str | None = None
+    ) -> e.Reevaluation: ...
+
+    @abstractmethod
+    def requeue_interrupted(self) -> int:
+        """Queue again what a control plane left running when it died."""
+
+    @abstractmethod
+    def list_reevaluations(self, task: str, *, limit: int = 50) -> list[e.Reevaluation]:
+        """A task's re-evaluations, newest first."""
+
+
+class ControlLoopStore(
+    PublisherStore, WorkerReportSink, EndpointProbeSink, ProductionRecordStore, ShadowReader
+):
+    """What the control plane's NATS side uses: the publisher, the fleet watcher, the endpoint
+    watcher and the production loops (``serving/control.py``, ``serving/endpoint_watch.py``,
+    ``serving/production_consumer.py``)."""
+
+    @abstractmethod
+    def champion(self, task: str) -> e.Candidate | None: ...
+
+    @abstractmethod
+    def current_placement(self, task: str) -> e.Placement | None: ...
 
 
 class EvalStore(CatalogReader):
@@ -185,6 +308,38 @@ class SuiteStore(ABC):
     @abstractmethod
     def list_suites(self) -> list[e.Suite]:
         """The newest version of every suite, by name."""
+
+
+class ProductionStore(ABC):
+    """Production settings and shadows as people change them (``registry/
+    production_settings.py``, ``registry/shadows.py``)."""
+
+    @abstractmethod
+    def set_production_settings(
+        self, task: str, **changes: float | int | str
+    ) -> e.ProductionSettings:
+        """Change some of a task's production settings (the others keep their value)."""
+
+    @abstractmethod
+    def start_shadow(
+        self,
+        task: str,
+        candidate: str,
+        *,
+        sample_rate: float,
+        runtime: str | None = None,
+        reason: str = "",
+    ) -> e.Shadow:
+        """Place ``candidate`` beside the champion as the task's shadow, sampling
+        ``sample_rate`` of its requests (a recorded row; replaces a running shadow)."""
+
+    @abstractmethod
+    def stop_shadow(self, task: str, *, reason: str = "") -> e.Shadow:
+        """End the task's shadow (a recorded row); sampling goes on at the task's rate."""
+
+    @abstractmethod
+    def shadow_history(self, task: str | None = None) -> list[e.Shadow]:
+        """Every start and stop (of one task, or all), newest first."""
 
 
 class CatalogStore(ABC):
@@ -523,6 +678,7 @@ class ProfileStore(ABC):
 
 class AbstractStore(
     ControlLoopStore,
+    ProductionStore,
     EvalStore,
     SuiteStore,
     CatalogStore,

@@ -60,6 +60,7 @@ class SuiteRepository:
                 fingerprint=suite.fingerprint,
                 mteb_task=suite.mteb_task,
                 stats=dict(suite.stats),
+                live_split=suite.live_split,
             )
             s.add(row)
             s.flush()
@@ -131,6 +132,8 @@ def _validate(suite: e.SuiteCreate) -> None:
         raise InvalidInput(f"main metric {suite.main_metric!r} is not among the suite's metrics")
     if not suite.test_split or suite.test_split == suite.train_split:
         raise InvalidInput("a suite needs a test split distinct from its training split")
+    if suite.live_split is not None and suite.live_split in (suite.test_split, suite.train_split):
+        raise InvalidInput("a suite's live split must be distinct from its test and training split")
 
 
 def newest_suite_row(s: Session, name: str) -> SuiteRow | None:
@@ -156,4 +159,5 @@ def suite_entity(r: SuiteRow) -> e.Suite:
         mteb_task=r.mteb_task,
         stats=dict(r.stats),
         created_at=r.created_at,
+        live_split=r.live_split,
     )

@@ -1,6 +1,7 @@
 """Python client of the gateway, one call per task kind, by task name:
 ``embed(task, texts)`` -> vectors, ``rerank(task, query, documents)`` -> one score per document,
-``classify(task, texts)`` -> label probabilities.
+``classify(task, texts)`` -> label probabilities; ``feedback(request_id, ...)`` says what was
+right about a sampled request (its result's ``sampled``), which becomes suite data.
 
 The sync and the async client share one implementation: :func:`_task_steps` builds the
 request, decides about retries and parses the answer, and only *asks* its driver to send a
@@ -39,6 +40,7 @@ DEFAULT_RETRY_AFTER_S = 1.0
 RETRY_STATUSES = frozenset({429, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 MIN_EPOCH_HEADER = "X-Taskfleet-Min-Epoch"
+SAMPLED_HEADER = "X-Taskfleet-Sampled"
 
 
 class TaskfleetError(Exception):
@@ -89,11 +91,27 @@ class ServerError(TaskfleetError):
     """Any other failure (a worker's error, a malformed answer)."""
 
 
+class UnknownRequest(TaskfleetError):
+    """404 on feedback: no sampled request with that id is kept (unknown, expired, not sampled)."""
+
+
+class FeedbackExists(BadRequest):
+    """409 on feedback: that input of the request already has feedback."""
+
+
+# Codes with an error class of their own, whatever their status.
+_ERRORS_BY_CODE: dict[str, type[TaskfleetError]] = {
+    "UNKNOWN_REQUEST": UnknownRequest,
+    "FEEDBACK_EXISTS": FeedbackExists,
+}
+
+
 _ERRORS_BY_STATUS: dict[int, type[TaskfleetError]] = {
     400: BadRequest,
     401: AuthError,
     403: AuthError,
     404: UnknownTask,
+    409: BadRequest,
     413: BadRequest,
     415: BadRequest,
     429: RateLimited,
@@ -110,6 +128,7 @@ class Embeddings:
     model_key: str
     epoch: int
     request_id: str | None
+    sampled: bool = False  # the gateway kept it: feedback about it is taken
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,7 @@ class Scores:
     model_key: str
     epoch: int
     request_id: str | None
+    sampled: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +151,7 @@ class Classification:
     model_key: str
     epoch: int
     request_id: str | None
+    sampled: bool = False
 
     def predictions(self) -> list[str]:
         return [self.labels[i] for i in np.argmax(self.probabilities, axis=1)]
@@ -166,26 +187,63 @@ def _task_steps(
         request_headers[MIN_EPOCH_HEADER] = str(epochs[task])
     body = msgpack.packb(payload, use_bin_type=True)
     url = f"{base_url.rstrip('/')}/v1/tasks/{task}"
+
+    def parsed(response: httpx.Response) -> R:
+        result = parse(response, msgpack.unpackb(response.content, raw=False))
+        epochs[task] = max(epochs.get(task, 0), getattr(result, "epoch", 0))
+        return result
+
+    request = httpx.Request("POST", url, content=body, headers=request_headers)
+    return (yield from _steps(request, 200, parsed, max_retries))
+
+
+def _steps(
+    request: httpx.Request,
+    ok: int,
+    parse: Callable[[httpx.Response], R],
+    max_retries: int,
+) -> Generator[_Step, httpx.Response | None, R]:
+    """Send ``request`` until it is answered ``ok`` (parsed) or with an error that is not
+    retried (raised); retryable errors wait for their ``Retry-After`` first."""
     attempt = 0
     while True:
-        response = yield httpx.Request("POST", url, content=body, headers=request_headers)
+        response = yield request
         assert response is not None
-        if response.status_code == 200:
+        if response.status_code == ok:
             try:
-                result = parse(response, msgpack.unpackb(response.content, raw=False))
+                return parse(response)
             except Exception as exc:  # any malformation of the answer is one kind of failure
                 raise ServerError(
                     response.status_code, "BAD_RESPONSE", f"malformed gateway answer: {exc}"
                 ) from exc
-            epoch = getattr(result, "epoch", 0)
-            epochs[task] = max(epochs.get(task, 0), epoch)
-            return result
         error = _error_of(response)
         retry = response.status_code in RETRY_STATUSES and error.retryable
         if not retry or attempt >= max_retries:
             raise error
         attempt += 1
         yield _Wait(error.retry_after_s or DEFAULT_RETRY_AFTER_S)
+
+
+def _feedback_steps(
+    base_url: str, headers: dict[str, str], body: dict[str, Any], max_retries: int
+) -> Generator[_Step, httpx.Response | None, None]:
+    url = f"{base_url.rstrip('/')}/v1/feedback"
+    request = httpx.Request("POST", url, json=body, headers=headers)
+    yield from _steps(request, 202, lambda _: None, max_retries)
+
+
+def _feedback_body(
+    request_id: str,
+    label: str | None,
+    relevant: list[int] | None,
+    relevant_ids: list[str] | None,
+    index: int,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"request_id": request_id, "index": index}
+    for name, value in (("label", label), ("relevant", relevant), ("relevant_ids", relevant_ids)):
+        if value is not None:
+            body[name] = value
+    return body
 
 
 def _embed_payload(texts: list[str] | str, kind: TextKind) -> dict[str, Any]:
@@ -206,6 +264,7 @@ def _parse_embeddings(response: httpx.Response, body: dict[str, Any]) -> Embeddi
         model_key=str(body["model_key"]),
         epoch=int(body["epoch"]),
         request_id=response.headers.get("X-Request-Id"),
+        sampled=response.headers.get(SAMPLED_HEADER) == "1",
     )
 
 
@@ -215,6 +274,7 @@ def _parse_scores(response: httpx.Response, body: dict[str, Any]) -> Scores:
         model_key=str(body["model_key"]),
         epoch=int(body["epoch"]),
         request_id=response.headers.get("X-Request-Id"),
+        sampled=response.headers.get(SAMPLED_HEADER) == "1",
     )
 
 
@@ -226,6 +286,7 @@ def _parse_classification(response: httpx.Response, body: dict[str, Any]) -> Cla
         model_key=str(body["model_key"]),
         epoch=int(body["epoch"]),
         request_id=response.headers.get("X-Request-Id"),
+        sampled=response.headers.get(SAMPLED_HEADER) == "1",
     )
 
 
@@ -248,7 +309,7 @@ def _error_of(response: httpx.Response) -> TaskfleetError:
             retry_after = min(max(float(raw), 0.0), MAX_RETRY_AFTER_S)
         except ValueError:
             retry_after = None
-    cls = _ERRORS_BY_STATUS.get(status, ServerError)
+    cls = _ERRORS_BY_CODE.get(code) or _ERRORS_BY_STATUS.get(status, ServerError)
     return cls(status, code, message, retryable=retryable, retry_after_s=retry_after)
 
 
@@ -292,6 +353,9 @@ class Client:
             parse,
             self._epochs,
         )
+        return self._drive(steps)
+
+    def _drive(self, steps: Generator[_Step, httpx.Response | None, R]) -> R:
         reply: httpx.Response | None = None
         try:
             while True:
@@ -304,6 +368,21 @@ class Client:
         except StopIteration as done:
             result: R = done.value
             return result
+
+    def feedback(
+        self,
+        request_id: str,
+        *,
+        label: str | None = None,
+        relevant: list[int] | None = None,
+        relevant_ids: list[str] | None = None,
+        index: int = 0,
+    ) -> None:
+        """Say what was right about input ``index`` of a sampled request (its reply had
+        ``sampled``): its label, the indexes of its relevant documents, or the ids of its
+        relevant corpus documents. Recorded once; a second time raises (409)."""
+        body = _feedback_body(request_id, label, relevant, relevant_ids, index)
+        self._drive(_feedback_steps(self.base_url, self._headers, body, self.max_retries))
 
     def embed_with_info(
         self,
@@ -382,6 +461,9 @@ class AsyncClient:
             parse,
             self._epochs,
         )
+        return await self._drive(steps)
+
+    async def _drive(self, steps: Generator[_Step, httpx.Response | None, R]) -> R:
         reply: httpx.Response | None = None
         try:
             while True:
@@ -394,6 +476,19 @@ class AsyncClient:
         except StopIteration as done:
             result: R = done.value
             return result
+
+    async def feedback(
+        self,
+        request_id: str,
+        *,
+        label: str | None = None,
+        relevant: list[int] | None = None,
+        relevant_ids: list[str] | None = None,
+        index: int = 0,
+    ) -> None:
+        """As :meth:`Client.feedback`."""
+        body = _feedback_body(request_id, label, relevant, relevant_ids, index)
+        await self._drive(_feedback_steps(self.base_url, self._headers, body, self.max_retries))
 
     async def embed_with_info(
         self,

@@ -3,11 +3,12 @@ REST API and dashboard.
 
 Any number of control planes may run against one NATS and one database; exactly one leads (the
 KV lock of ``serving/leader.py``) and runs the control loops: the placement publisher (the
-outbox of promotions), the fleet watcher (heartbeats into the registry), the directory
-publisher (tasks and API-key digests for the gateways) and the endpoint watcher (re-probes
-endpoint models, serving/endpoint_watch.py). The others stand by and take over
-within the lock's TTL when the leader dies. While NATS is unreachable the HTTP side serves on,
-from the database alone, and this side says that publishing waits for NATS.
+outbox of promotions and shadows), the fleet watcher (heartbeats into the registry), the
+directory publisher (tasks and API-key digests for the gateways), the endpoint watcher
+(re-probes endpoint models, serving/endpoint_watch.py), and the shell's production loops when it
+passes them (streams SAMPLES and FEEDBACK, drift, live splits, re-evaluation). The others stand
+by and take over within the lock's TTL when the leader dies. While NATS is unreachable the HTTP
+side serves on, from the database alone, and this side says that publishing waits for NATS.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ STATUS_LEADER = "leader"
 STATUS_STOPPED = "stopped"
 
 
-class _Loop(Protocol):
+class ControlLoop(Protocol):
     async def run(self, nc: NATS | None = None) -> None: ...
 
     def stop(self) -> None: ...
@@ -65,6 +66,7 @@ class ControlLoops:
         announce: Callable[[str], None] | None = None,
         artifact_source: str | None = None,
         probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
+        extra_loops: Callable[[], list[ControlLoop]] | None = None,
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
@@ -77,6 +79,9 @@ class ControlLoops:
         self.standby_retry_s = standby_retry_s
         self.ttl_s = ttl_s
         self.probe_period_s = probe_period_s
+        # Fresh loops of the shell's for every term (production: serving/production_consumer.py and
+        # taskfleet/production.py), run like the publisher and the watcher.
+        self.extra_loops = extra_loops
         self._announce = announce or (lambda message: log.info("%s", message))
         self._stop = asyncio.Event()
         self._nc: NATS | None = None
@@ -157,7 +162,7 @@ class ControlLoops:
         self._status = STATUS_STANDBY
         await self._sleep(self.standby_retry_s)
 
-    def loops(self) -> list[_Loop]:
+    def loops(self) -> list[ControlLoop]:
         """The loops a leader runs; fresh ones every term."""
         return [
             PlacementPublisher(
@@ -173,6 +178,7 @@ class ControlLoops:
                 stale_after_s=self.stale_after_s,
             ),
             EndpointWatcher(self.registry, period_s=self.probe_period_s),
+            *(self.extra_loops() if self.extra_loops is not None else []),
         ]
 
     async def _lead(self, nc: NATS, lock: LeaderLock) -> None:

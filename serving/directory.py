@@ -1,13 +1,13 @@
 """KV ``directory``: what gateways need from the registry, published so they never read it.
 
 The leading control plane (``serving/control.py``, through the publisher in
-``serving/publisher.py``) writes, for every task ``task.<name>`` (its kind and per-text
-limits) and for every API key ``key.<prefix>`` (name, sha256 of the token, roles, task list,
-quotas, revoked or not: never a usable key), then ``meta`` last. A gateway watches the bucket
-(``serving/gateway/view.py``): it authenticates from these records, tells an unknown task
-(404) from an unplaced one (503), refuses texts above a task's limits (413), and keeps serving
-when the database is away. A revoked key is published as revoked (no hash) within one publisher
-pass (0.5 s by default).
+``serving/publisher.py``) writes, for every task ``task.<name>`` (its kind, per-text
+limits, sample rate and retention) and for every API key ``key.<prefix>`` (name, sha256 of
+the token, roles, task list, quotas, revoked or not: never a usable key), then ``meta`` last.
+A gateway watches the bucket (``serving/gateway/view.py``): it authenticates from these records,
+tells an unknown task (404) from an unplaced one (503), refuses texts above a task's limits
+(413), samples the task's share of requests, and keeps serving when the database is away. A
+revoked key is published as revoked (no hash) within one publisher pass (0.5 s by default).
 
 The bucket is made to hold exactly the registry's current set: the first pass of a term reads
 what the bucket holds and deletes what the registry no longer has, later passes write only what
@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # the control plane's side only: gateways import this module 
 log = logging.getLogger("taskfleet.directory")
 
 META_KEY = "meta"
+# A task whose record names no retention keeps sampled inputs this long (7 days).
+DEFAULT_RETENTION_S = 7 * 86400.0
 KEY_PREFIX = "key."
 TASK_PREFIX = "task."
 
@@ -114,6 +116,10 @@ class TaskRecord:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
     max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
+    # Production (registry/production_settings.py): the share of requests sampled, and how
+    # long a sampled request's inputs are kept (its messages' TTL in stream SAMPLES).
+    sample_rate: float = 0.0
+    retention_s: float = DEFAULT_RETENTION_S
 
     def pack(self) -> bytes:
         return msgpack.packb(
@@ -123,6 +129,8 @@ class TaskRecord:
                 "max_text_chars": self.max_text_chars,
                 "max_query_chars": self.max_query_chars,
                 "max_document_chars": self.max_document_chars,
+                "sample_rate": self.sample_rate,
+                "retention_s": self.retention_s,
             }
         )
 
@@ -136,7 +144,18 @@ class TaskRecord:
                 setting: _positive_int(obj.get(setting, default))
                 for setting, default in TEXT_LIMIT_DEFAULTS.items()
             }
-            return cls(name=_str(obj["name"]), kind=_str(obj["kind"]), **limits)
+            # Absent from the records of control planes older than sampling: none sampled.
+            rate = float(obj.get("sample_rate", 0.0))
+            retention = float(obj.get("retention_s", DEFAULT_RETENTION_S))
+            if not (0.0 <= rate <= 1.0 and retention > 0):
+                raise ValueError(f"sample rate {rate} or retention {retention}s out of range")
+            return cls(
+                name=_str(obj["name"]),
+                kind=_str(obj["kind"]),
+                sample_rate=rate,
+                retention_s=retention,
+                **limits,
+            )
         except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
             raise DirectoryError(f"not a task record: {exc}") from None
 
@@ -170,20 +189,27 @@ def key_record(digest: e.ApiKeyDigest) -> KeyRecord:
     )
 
 
-def task_record(task: e.Task) -> TaskRecord:
+def task_record(task: e.Task, production: e.ProductionSettings | None = None) -> TaskRecord:
+    """A task's record; without production settings it samples nothing."""
     return TaskRecord(
         name=task.name,
         kind=task.kind,
         max_text_chars=task.max_text_chars,
         max_query_chars=task.max_query_chars,
         max_document_chars=task.max_document_chars,
+        sample_rate=production.sample_rate if production else 0.0,
+        retention_s=production.retention_days * 86400.0 if production else DEFAULT_RETENTION_S,
     )
 
 
 def desired_entries(registry: PublisherStore) -> dict[str, bytes]:
-    """What the bucket should hold now, from the registry (two reads; blocking: run it in a
+    """What the bucket should hold now, from the registry (three reads; blocking: run it in a
     thread)."""
-    entries = {TASK_PREFIX + t.name: task_record(t).pack() for t in registry.list_tasks()}
+    production = {p.task: p for p in registry.list_production_settings()}
+    entries = {
+        TASK_PREFIX + t.name: task_record(t, production.get(t.name)).pack()
+        for t in registry.list_tasks()
+    }
     for digest in registry.api_key_digests():
         entries[KEY_PREFIX + digest.key.prefix] = key_record(digest).pack()
     return entries

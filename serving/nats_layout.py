@@ -16,6 +16,7 @@ waits in the stream, and the consumer the first worker creates delivers it.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -23,6 +24,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     ConsumerInfo,
+    DiscardPolicy,
     KeyValueConfig,
     ObjectStoreConfig,
     RetentionPolicy,
@@ -64,6 +66,22 @@ ARTIFACTS_BUCKET = NATS.object_stores.artifacts.bucket
 LEADER_BUCKET = _KV.leader.bucket
 DIRECTORY_BUCKET = _KV.directory.bucket
 CONSUMER_PREFIX = NATS.task_consumer.name_prefix
+# The production loop (docs/architecture.md "Production"): sampled copies for a task's shadow
+# placement (KV key `<task>.shadow`), champion and shadow replies of sampled requests, feedback.
+_SHADOW = NATS.streams.shadow
+_SAMPLES = NATS.streams.samples
+_FEEDBACK = NATS.streams.feedback
+SHADOW_STREAM = _SHADOW.name
+SHADOW_SUBJECT_PREFIX = _SHADOW.subject_prefix
+SHADOW_CONSUMER_PREFIX = NATS.shadow_consumer.name_prefix
+SHADOW_KEY_SUFFIX = NATS.shadow_key_suffix
+SAMPLES_STREAM = _SAMPLES.name
+SAMPLES_SUBJECT_PREFIX = _SAMPLES.subject_prefix
+FEEDBACK_STREAM = _FEEDBACK.name
+FEEDBACK_SUBJECT_PREFIX = _FEEDBACK.subject_prefix
+# The leading control plane's durable consumers of both (serving/production_consumer.py).
+SAMPLES_CONSUMER = NATS.production_consumers.samples
+FEEDBACK_CONSUMER = NATS.production_consumers.feedback
 # Core-NATS subjects replies are published to: `_tf.reply.<gateway id>.<request id>`.
 REPLY_SUBJECT_PREFIX = NATS.reply_subject_prefix
 
@@ -80,6 +98,11 @@ WORKERS_TTL_S = _required(_KV.workers.ttl_s, "nats.kv.workers.ttl_s")
 ACK_WAIT_S = NATS.task_consumer.ack_wait_s
 # Bounded so a poison message ends in the DLQ instead of cycling forever.
 MAX_DELIVER = NATS.task_consumer.max_deliver
+# Sampled requests and feedback carry their task's retention as a per-message TTL (`Nats-TTL`);
+# no message outlives this, whatever a task says.
+PRODUCTION_MAX_AGE_S = _SAMPLES.max_age_s
+# The control plane acks a sample or feedback once it is in the database; unacked ones come back.
+PRODUCTION_ACK_WAIT_S = NATS.production_consumers.ack_wait_s
 # Copies of every stream and bucket on a cluster of this many nodes or more.
 REPLICAS = NATS.replicas
 # A leader that stops renewing its lock (killed, cut off from NATS) loses it this long after its
@@ -147,6 +170,40 @@ def dlq_subject(task: str) -> str:
     return DLQ_SUBJECT_PREFIX + check_task_name(task)
 
 
+def shadow_key(task: str) -> str:
+    """The KV `placements` key of a task's shadow placement."""
+    return check_task_name(task) + SHADOW_KEY_SUFFIX
+
+
+def shadow_subject(task: str) -> str:
+    return SHADOW_SUBJECT_PREFIX + check_task_name(task)
+
+
+def shadow_consumer_name(task: str) -> str:
+    return SHADOW_CONSUMER_PREFIX + check_task_name(task)
+
+
+def sample_subject(task: str, request_id: str, role: str) -> str:
+    """Where a sampled request's ``role`` ("champion" or "shadow") reply is kept."""
+    return f"{SAMPLES_SUBJECT_PREFIX}{check_task_name(task)}.{check_token(request_id)}.{role}"
+
+
+def feedback_subject(task: str, request_id: str, index: int) -> str:
+    """One subject per (request, input): the stream keeps the first feedback and refuses the
+    next (``max_msgs_per_subject`` 1, discard new per subject)."""
+    return f"{FEEDBACK_SUBJECT_PREFIX}{check_task_name(task)}.{check_token(request_id)}.{index}"
+
+
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_token(value: str) -> str:
+    """``value`` as one subject token (request ids are hex; a caller's id is checked here)."""
+    if not _TOKEN_RE.fullmatch(value):
+        raise InvalidTaskName(f"{value!r} cannot be a NATS subject token")
+    return value
+
+
 def stream_config(rule: StreamRule, replicas: int = 1) -> StreamConfig:
     """The stream ``rule`` declares, with ``replicas`` copies."""
     return StreamConfig(
@@ -158,6 +215,12 @@ def stream_config(rule: StreamRule, replicas: int = 1) -> StreamConfig:
         max_age=rule.max_age_s,
         # 0: the server's default (as a stream created without one gets).
         duplicate_window=rule.duplicate_window_s or 0.0,
+        discard=DiscardPolicy(rule.discard or DiscardPolicy.OLD),
+        # -1: no limit (nats-py's default).
+        max_msgs_per_subject=-1 if rule.max_msgs_per_subject is None else rule.max_msgs_per_subject,
+        discard_new_per_subject=rule.discard_new_per_subject,
+        # None: not sent, so a server older than per-message TTLs takes the other streams.
+        allow_msg_ttl=rule.allow_msg_ttl or None,
     )
 
 
@@ -176,6 +239,30 @@ def kv_config(rule: BucketRule, replicas: int = 1) -> KeyValueConfig:
         ttl=rule.ttl_s,
         storage=StorageType.FILE,
         replicas=replicas,
+    )
+
+
+def shadow_stream_config(replicas: int = 1) -> StreamConfig:
+    return stream_config(_SHADOW, replicas)
+
+
+def samples_stream_config(replicas: int = 1) -> StreamConfig:
+    return stream_config(_SAMPLES, replicas)
+
+
+def feedback_stream_config(replicas: int = 1) -> StreamConfig:
+    return stream_config(_FEEDBACK, replicas)
+
+
+def production_consumer_config(name: str, subject_prefix: str) -> ConsumerConfig:
+    rule = NATS.production_consumers
+    return ConsumerConfig(
+        name=name,
+        durable_name=name,
+        filter_subject=subject_prefix + ">",
+        ack_policy=AckPolicy(rule.ack_policy),
+        ack_wait=rule.ack_wait_s,
+        max_ack_pending=rule.max_ack_pending,
     )
 
 
@@ -297,6 +384,9 @@ async def ensure_layout(
     r = layout_replicas(js) if replicas is None else replicas
     await _ensure_stream(js, tasks_stream_config(r))
     await _ensure_stream(js, dlq_stream_config(r))
+    await _ensure_stream(js, shadow_stream_config(r))
+    await _ensure_stream(js, samples_stream_config(r))
+    await _ensure_stream(js, feedback_stream_config(r))
 
     placements = await _ensure_kv(js, kv_config(_KV.placements, r))
     workers = await _ensure_kv(js, kv_config(_KV.workers, r))

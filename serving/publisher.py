@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
@@ -31,7 +31,7 @@ from serving.artifact_source import ArtifactBucket, ArtifactMismatch, upload
 from serving.artifact_source_s3 import bucket_for
 from serving.connection import NatsTarget, connect_forever
 from serving.directory import desired_entries, publish_directory
-from serving.nats_layout import check_task_name, ensure_layout
+from serving.nats_layout import check_task_name, ensure_layout, shadow_key
 from serving.runtime.heads import HeadError, has_head, read_spec
 
 log = logging.getLogger("taskfleet.publisher")
@@ -154,15 +154,17 @@ def decode_placement(data: bytes) -> p.PlacementValue:
 
 
 async def put_placement(kv: KeyValue, value: p.PlacementValue) -> bool:
-    """Put ``value`` under its task unless the KV holds that epoch or a newer one.
+    """Put ``value`` under its key (the task; ``<task>.shadow`` for a shadow) unless the KV
+    holds that epoch or a newer one.
 
     Returns True when the KV now holds ``value.epoch`` or newer. Compare-and-set on the key's
     revision, so a concurrent writer of a newer epoch always wins.
     """
     data = p.pack(value)
+    key = shadow_key(value.task) if value.shadow else value.task
     while True:
         try:
-            entry = await kv.get(value.task)
+            entry = await kv.get(key)
         except KeyNotFoundError:
             entry = None
         if entry is not None and entry.value:
@@ -174,12 +176,53 @@ async def put_placement(kv: KeyValue, value: p.PlacementValue) -> bool:
                 return True
         try:
             if entry is None:
-                await kv.create(value.task, data)
+                await kv.create(key, data)
             else:
-                await kv.update(value.task, data, last=entry.revision)
+                await kv.update(key, data, last=entry.revision)
             return True
         except KeyWrongLastSequenceError:
             continue  # someone wrote in between: look again
+
+
+def shadow_placement(registry: CatalogReader, shadow: e.Shadow) -> tuple[p.PlacementValue, Folders]:
+    """The KV value of a started shadow: placed like a champion (artifacts by sha256, its
+    runtime), pinned so its model is loaded before copies arrive, marked shadow."""
+    placement = e.Placement(
+        id=shadow.id,
+        task=shadow.task,
+        candidate=shadow.candidate,
+        epoch=shadow.epoch,
+        pinned=True,
+        replicas=1,
+        created_at=shadow.created_at,
+        published_at=shadow.published_at,
+        runtime=shadow.runtime,
+    )
+    value, folders = placement_value(registry, placement)
+    return replace(value, shadow=True), folders
+
+
+async def publish_shadows(
+    registry: PublisherStore, kv: KeyValue, artifacts: ArtifactBucket | ObjectStore
+) -> PublishResult:
+    """One pass over the shadow outbox: a start is uploaded and put under ``<task>.shadow``, a
+    stop deletes that key; each is then marked published."""
+    result = PublishResult([], [])
+    for shadow in await asyncio.to_thread(registry.unpublished_shadows):
+        if shadow.active:
+            try:
+                value, folders = await asyncio.to_thread(shadow_placement, registry, shadow)
+                await upload_artifacts(artifacts, folders)
+            except (PlacementError, RegistryError) as exc:
+                result.failed.append((shadow_key(shadow.task), shadow.epoch, str(exc)))
+                continue
+            await put_placement(kv, value)
+        else:
+            with contextlib.suppress(KeyNotFoundError):
+                await kv.delete(shadow_key(shadow.task))
+        await asyncio.to_thread(registry.mark_shadow_published, shadow.task, shadow.epoch)
+        result.published.append((shadow_key(shadow.task), shadow.epoch))
+    return result
 
 
 @dataclass
@@ -191,10 +234,10 @@ class PublishResult:
 async def publish_pending(
     registry: PublisherStore, kv: KeyValue, artifacts: ArtifactBucket | ObjectStore
 ) -> PublishResult:
-    """One pass over the outbox: upload each placement's artifacts, then publish it. NATS
-    errors propagate (the caller backs off and retries); a placement that can never be
-    published is reported and retried on the next pass."""
-    result = PublishResult([], [])
+    """One pass over the outbox (shadows first): upload each placement's artifacts, then
+    publish it. NATS errors propagate (the caller backs off and retries); a placement that
+    can never be published is reported and retried on the next pass."""
+    result = await publish_shadows(registry, kv, artifacts)
     pending = await asyncio.to_thread(registry.unpublished_placements)
     for placement in pending:
         try:

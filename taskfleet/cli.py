@@ -20,6 +20,7 @@ from taskfleet.cli_eval import eval_app
 from taskfleet.cli_finetune import finetune_app
 from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
 from taskfleet.cli_gateway import call, gateway
+from taskfleet.cli_production import production_app, shadow_app
 from taskfleet.cli_promote import promote, promotions, recommend, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
@@ -50,6 +51,8 @@ app.add_typer(placement_app, name="placement")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(profile_app, name="profile")
+app.add_typer(shadow_app, name="shadow")
+app.add_typer(production_app, name="production")
 app.command("serve")(serve)
 app.command("gateway")(gateway)
 app.command("call")(call)

@@ -450,6 +450,8 @@ def up(
         allowed_hosts=edge.allowed_hosts,
         model_roots=edge.model_roots,
         probe_period_s=settings.endpoint_probe_period_s,
+        database_url=settings.resolved_database_url,
+        mlflow_uri=settings.resolved_mlflow_uri,
     )
     state = stack_file()
 

@@ -89,12 +89,15 @@ def serve(
     if publish:
         url = settings.nats_options(nats_url or nats_url_or_none() or DEFAULT_NATS_URL)
         assert url is not None
+        from taskfleet.production import production_loops, shell_paths
+
         loops = ControlLoops(
             registry,
             url,
             announce=_say,
             artifact_source=artifact_source(),
             probe_period_s=settings.endpoint_probe_period_s,
+            extra_loops=production_loops(registry, url, shell_paths(settings)),
         )
     app = create_app(
         registry,

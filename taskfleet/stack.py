@@ -38,6 +38,8 @@ from serving.httpserver import http_config
 
 if TYPE_CHECKING:
     from registry import Registry
+    from registry.store import AbstractStore
+    from serving.control import ControlLoop
 
 log = logging.getLogger("taskfleet.up")
 SIDECAR_BINARY = "taskfleet-sidecar"
@@ -290,6 +292,11 @@ class StackConfig:
     forwarded_allow_ips: str | None = None  # proxies whose forwarded headers are believed
     allowed_hosts: list[str] | None = None  # the control plane's Host names; None: any
     model_roots: list[Path] = field(default_factory=list)  # where REST may register models
+    # What the production loops' re-evaluations run against (docs: "Production"); None:
+    # SQLite under home, no MLflow logging.
+    database_url: str | None = None
+    mlflow_uri: str | None = None
+    production: bool = True  # run the production loops on the leader
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -307,6 +314,25 @@ class StackUrls:
     workers: list[str]
     # Prometheus endpoints: the gateway's and each worker's.
     metrics: list[str] = field(default_factory=list)
+
+
+def _production_loops(
+    config: StackConfig, registry: AbstractStore, nats_url: NatsTarget
+) -> Callable[[], list[ControlLoop]] | None:
+    if not config.production:
+        return None
+    from evals.runner import EvalPaths
+    from taskfleet.production import ShellPaths, production_loops
+
+    paths = ShellPaths(
+        home=config.home,
+        database_url=config.database_url or f"sqlite:///{config.home / 'registry.db'}",
+        data_root=config.data_dir,
+        eval_paths=EvalPaths(
+            cache_dir=config.home / "cache", mlflow_uri=config.mlflow_uri, data_root=config.data_dir
+        ),
+    )
+    return production_loops(registry, nats_url, paths)
 
 
 class QuietServer(uvicorn.Server):
@@ -389,6 +415,7 @@ async def run_stack(
             nats_url,
             artifact_source=config.artifact_source,
             probe_period_s=config.probe_period_s,
+            extra_loops=_production_loops(config, registry, nats_url),
         )
         from taskfleet.baseline_builder import fit_baseline
         from taskfleet.suite_registration import rest_suite_reader

@@ -30,6 +30,7 @@ def declare_suite(
     train_split: str | None = "dev",
     description: str = "",
     location: str | None = None,
+    live_split: str | None = None,
 ) -> Suite:
     """Register (a version of) a suite; an existing fingerprint returns that version."""
     suite, _ = reg.add_suite(
@@ -43,6 +44,7 @@ def declare_suite(
             metrics=METRICS[kind],
             fingerprint=fingerprint or fake_fingerprint(name),
             description=description,
+            live_split=live_split,
         )
     )
     return suite

@@ -280,3 +280,61 @@ def test_pages_render_under_their_policy_and_refuse_framing(
     # The same server by a name it does not answer to (a rebinding attack's view of it).
     refused = page.request.get(f"{base}/tasks", headers={"Host": "attacker.example"})
     assert refused.status == 400 and "--allowed-host" in refused.text()
+
+
+def test_production_page_shows_agreement_drift_and_starts_and_stops_a_shadow(
+    control_plane: tuple[str, Registry], browser: Browser
+) -> None:
+    """The production view under the dashboard's policy: the agreement chart, the drift flag,
+    the shadow's reason as text (never markup), and the start/stop forms with their CSRF token."""
+    from datetime import UTC, datetime, timedelta
+
+    from registry import entities as e
+
+    base, reg = control_plane
+    reg.start_shadow(TASK, CHALLENGER, sample_rate=0.5, reason="<img src=x onerror=alert(1)>")
+    start = datetime.now(UTC) - timedelta(minutes=30)
+    for n in range(12):
+        request_id = f"r{n:04d}"
+        reg.record_sample(
+            e.SampleCreate(
+                task=TASK, request_id=request_id, received_at=start + timedelta(minutes=n),
+                inputs=1, champion=CHAMPION, champion_model_key="k", champion_epoch=1,
+                champion_ms=8.0, shadow=CHALLENGER, lengths=[9],
+            )
+        )  # fmt: skip
+        reg.record_shadow_outcome(
+            e.ShadowOutcome(request_id, "ok", shadow_ms=12.0, agreement=[float(n % 4 != 0)])
+        )
+    signals = [{"name": "length", "statistic": 0.9, "p_value": 0.0005}]
+    reg.record_drift_window(
+        e.DriftWindowCreate(TASK, 1, 12, 12, CHAMPION, 1, signals, 0.0005, 0.01, True)
+    )
+    _, key = reg.create_api_key("lead", roles=["promoter"])
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    page.goto(f"{base}/login?next=/tasks/{TASK}/production")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    expect(page.locator("#shadow")).to_have_text(CHALLENGER)
+    expect(page.locator("#shadow-reason")).to_have_text("<img src=x onerror=alert(1)>")
+    expect(page.locator("#agreement")).to_contain_text("0.750")
+    expect(page.locator("svg.chart circle")).to_have_count(12)
+    expect(page.locator("#drift-flag")).to_contain_text("length p=0.0005")
+    page.screenshot(path=str(SHOTS / "production.png"), full_page=True)
+    page.fill("#stop-shadow input[name=reason]", "enough evidence")
+    page.click("#stop-shadow button")
+    expect(page.locator(".flash.ok")).to_contain_text(
+        f"The shadow {CHALLENGER} of {TASK} is stopped"
+    )
+    expect(page.locator("#shadow")).to_have_text("none")
+    assert reg.shadow_history(TASK)[0].reason == "enough evidence"
+    page.select_option("#start-shadow select[name=candidate]", CHALLENGER)
+    page.fill("#start-shadow input[name=sample_rate]", "0.25")
+    page.click("#start-shadow button")
+    expect(page.locator(".flash.ok")).to_contain_text("on 0.25 of its requests")
+    # A form without this session's CSRF token is refused.
+    forged = page.request.post(
+        f"{base}/tasks/{TASK}/shadow/stop", form={"csrf_token": "forged", "reason": "x"}
+    )
+    assert forged.status == 403
+    assert reg.current_shadow(TASK) is not None

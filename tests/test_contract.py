@@ -86,6 +86,41 @@ def test_the_jetstream_objects_are_built_from_the_declared_settings() -> None:
         NATS.task_consumer.ack_wait_s,
         NATS.task_consumer.max_deliver,
     )
+    streams = NATS.streams
+    for config, rule in (
+        (layout.shadow_stream_config(), streams.shadow),
+        (layout.samples_stream_config(), streams.samples),
+        (layout.feedback_stream_config(), streams.feedback),
+    ):
+        assert (config.name, config.subjects, config.max_age, config.retention, config.storage) == (
+            rule.name,
+            [rule.subject_prefix + ">"],
+            rule.max_age_s,
+            rule.retention,
+            rule.storage,
+        )
+        assert (config.discard, config.max_msgs_per_subject) == (
+            rule.discard or "old",
+            -1 if rule.max_msgs_per_subject is None else rule.max_msgs_per_subject,
+        )
+        assert (config.discard_new_per_subject, bool(config.allow_msg_ttl)) == (
+            rule.discard_new_per_subject,
+            rule.allow_msg_ttl,
+        )
+    # Sampled requests and feedback carry per-message TTLs; a shadow backlog is dropped.
+    assert streams.samples.allow_msg_ttl and streams.feedback.allow_msg_ttl
+    assert streams.shadow.max_msgs_per_subject and streams.shadow.storage == "memory"
+    assert layout.shadow_key("alpha") == "alpha" + NATS.shadow_key_suffix
+    assert layout.shadow_consumer_name("alpha") == NATS.shadow_consumer.name_prefix + "alpha"
+    control = layout.production_consumer_config(
+        layout.SAMPLES_CONSUMER, layout.SAMPLES_SUBJECT_PREFIX
+    )
+    rule_c = NATS.production_consumers
+    assert (control.durable_name, control.ack_wait, control.max_ack_pending) == (
+        rule_c.samples,
+        rule_c.ack_wait_s,
+        rule_c.max_ack_pending,
+    )
     for bucket in (NATS.kv.placements, NATS.kv.workers, NATS.kv.leader, NATS.kv.directory):
         kv = layout.kv_config(bucket)
         assert (kv.bucket, kv.history, kv.ttl) == (bucket.bucket, bucket.history, bucket.ttl_s)
@@ -96,10 +131,14 @@ def test_no_python_module_writes_a_declared_header_or_subject_by_hand() -> None:
     """Headers, subjects and bucket names have one home; a literal copy is how they drifted."""
     literals = {
         *(f'"{h}"' for h in vars(HEADERS).values()),
-        f'"{NATS.streams.tasks.subject_prefix}"',
-        f'"{NATS.streams.dlq.subject_prefix}"',
+        *(f'"{rule.subject_prefix}"' for rule in vars(NATS.streams).values()),
+        *(f'"{rule.name}"' for rule in vars(NATS.streams).values()),
         f'"{NATS.reply_subject_prefix}"',
         f'"{NATS.task_consumer.name_prefix}"',
+        f'"{NATS.shadow_consumer.name_prefix}"',
+        f'"{NATS.shadow_key_suffix}"',
+        f'"{NATS.production_consumers.samples}"',
+        f'"{NATS.production_consumers.feedback}"',
     }
     found = []
     for package in ("serving", "taskfleet", "registry", "httpapi"):
@@ -119,11 +158,11 @@ def test_no_sidecar_module_writes_a_declared_header_or_subject_by_hand() -> None
     """The same rule for the Rust side: sidecar/src reads them from contract.rs."""
     literals = {
         *(f'"{h}"' for h in vars(HEADERS).values()),
-        f'"{NATS.streams.tasks.subject_prefix}"',
-        f'"{NATS.streams.dlq.subject_prefix}"',
+        *(f'"{rule.subject_prefix}"' for rule in vars(NATS.streams).values()),
+        *(f'"{rule.name}"' for rule in vars(NATS.streams).values()),
         f'"{NATS.task_consumer.name_prefix}"',
-        f'"{NATS.streams.tasks.name}"',
-        f'"{NATS.streams.dlq.name}"',
+        f'"{NATS.shadow_consumer.name_prefix}"',
+        f'"{NATS.shadow_key_suffix}"',
     }
     found = []
     for path in (REPO / "sidecar" / "src").rglob("*.rs"):
@@ -163,9 +202,11 @@ def test_the_sidecar_builds_the_jetstream_objects_python_builds() -> None:
     (nanoseconds); a key the sidecar leaves at its zero default is written by neither."""
     rust = _sidecar_reading()
     keys = ("name", "subjects", "retention", "storage", "max_age", "duplicate_window")
+    keys += ("discard", "max_msgs_per_subject", "discard_new_per_subject")
     for name, config in (
         ("tasks_stream", layout.tasks_stream_config()),
         ("dlq_stream", layout.dlq_stream_config()),
+        ("shadow_stream", layout.shadow_stream_config()),
     ):
         python = config.as_dict()
         assert {k: rust[name].get(k, 0) for k in keys} == {
@@ -176,6 +217,18 @@ def test_the_sidecar_builds_the_jetstream_objects_python_builds() -> None:
     assert {k: rust["task_consumer_alpha"][k] for k in keys} == {
         k: _plain(consumer[k]) for k in keys
     }
+    # The shadow's consumer: Python never creates it; what the sidecar does is the declaration.
+    shadow = rust["shadow_consumer_alpha"]
+    rule = NATS.shadow_consumer
+    assert (shadow["durable_name"], shadow["filter_subject"], shadow["max_deliver"]) == (
+        layout.shadow_consumer_name("alpha"),
+        layout.shadow_subject("alpha"),
+        rule.max_deliver,
+    )
+    assert (shadow["ack_policy"], shadow["ack_wait"]) == (
+        rule.ack_policy,
+        round(rule.ack_wait_s * 1e9),
+    )
     for bucket in ("placements", "workers"):
         kv = layout.kv_config(getattr(NATS.kv, bucket))
         assert rust["kv"][bucket] == {

@@ -111,6 +111,8 @@ def test_revocation_reaches_the_gateway_within_seconds(
             "max_text_chars": DEFAULT_MAX_TEXT_CHARS,
             "max_query_chars": DEFAULT_MAX_QUERY_CHARS,
             "max_document_chars": DEFAULT_MAX_DOCUMENT_CHARS,
+            "sample_rate": 0.0,
+            "retention_s": 7 * 86400.0,
         }
         record = msgpack.unpackb(next(v for k, v in values.items() if k.startswith(KEY_PREFIX)))
         assert record["revoked"] is True and record["hash"] is None

@@ -79,6 +79,7 @@ ADMIN_CHANGE = expect(
     refused={"viewer": 403, "caller": 403, "promoter@task": 403, "promoter@other": 403},
 )
 PROMOTER_WRITE = expect(ok=201, refused={"viewer": 403, "caller": 403, "promoter@other": 403})
+PROMOTER_CHANGE = expect(ok=200, refused={"viewer": 403, "caller": 403, "promoter@other": 403})
 # Dashboard pages: a caller key cannot sign in, so it has no session, like no key at all.
 PAGE = expect(ok=200, refused={"caller": 401})
 TASK_PAGE = expect(ok=200, refused={"caller": 401, "promoter@other": 403})
@@ -153,6 +154,10 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             CONFIRM_PAGE,
         ),
         Call("GET", "/tasks/{task}/rollback", f"/tasks/{TASK}/rollback", CONFIRM_PAGE),
+        Call("GET", "/api/v1/tasks/{task}/shadow", f"{t}/shadow", TASK_READ),
+        Call("GET", "/api/v1/tasks/{task}/production", f"{t}/production", TASK_READ),
+        Call("GET", "/api/v1/metrics", "/api/v1/metrics", READ),
+        Call("GET", "/tasks/{task}/production", f"/tasks/{TASK}/production", TASK_PAGE),
         # writes
         Call(
             "POST",
@@ -238,6 +243,41 @@ def control_plane_calls(tmp: Path) -> list[Call]:
             f"/tasks/{TASK}/rollback",
             FORM,
             form={"expected_champion": CHALLENGER, "reason": "walk"},
+        ),
+        Call(
+            "PATCH",
+            "/api/v1/tasks/{task}/production",
+            f"{t}/production",
+            PROMOTER_CHANGE,
+            json={"sample_rate": 0.2, "retention_days": 3},
+        ),
+        Call(
+            "POST",
+            "/api/v1/tasks/{task}/shadow",
+            f"{t}/shadow",
+            PROMOTER_WRITE,
+            json={"candidate": CHALLENGER, "sample_rate": 0.1, "reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/api/v1/tasks/{task}/shadow/stop",
+            f"{t}/shadow/stop",
+            PROMOTER_WRITE,
+            json={"reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/tasks/{task}/shadow",
+            f"/tasks/{TASK}/shadow",
+            FORM,
+            form={"candidate": CHALLENGER, "sample_rate": "0.2", "reason": "walk"},
+        ),
+        Call(
+            "POST",
+            "/tasks/{task}/shadow/stop",
+            f"/tasks/{TASK}/shadow/stop",
+            FORM,
+            form={"reason": "walk"},
         ),
         Call(
             "POST",
@@ -364,6 +404,15 @@ def test_every_gateway_route_for_every_caller(auth_gateway: Stack) -> None:
             ("POST", "/v1/rerank", "/v1/rerank", rerank, other_kind),
             ("POST", "/v2/rerank", "/v2/rerank", rerank, other_kind),
             ("POST", "/v1/classify", "/v1/classify", {"model": task, "input": "hallo"}, other_kind),
+            # Feedback about a request nobody sampled: 404 UNKNOWN_REQUEST once the key may
+            # call tasks (tests/test_production_gateway.py walks the other refusals).
+            (
+                "POST",
+                "/v1/feedback",
+                "/v1/feedback",
+                {"request_id": "0" * 32, "label": "x"},
+                expect(ok=404, refused=refused),
+            ),
         ]
         app = create_gateway(served.nats_url)
         assert {(m, r) for m, r, *_ in calls} == route_table(app)

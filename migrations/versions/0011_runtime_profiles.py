@@ -2,7 +2,7 @@
 the profile they apply
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 Create Date: 2026-12-02 00:30:00.000000
 """
 
@@ -14,9 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-# 0009 (verdicts) and 0010 (production) are not on main yet: the chain
-# is fixed when they land.
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

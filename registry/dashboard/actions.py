@@ -1,4 +1,4 @@
-"""The dashboard's forms (POST): log in and out, promote, roll back.
+"""The dashboard's forms (POST): log in and out, promote, roll back, start and stop a shadow.
 
 Every POST checks the session's CSRF token first, and its fields by the REST API's own bodies
 (`registry/rest_bodies.py`). Promotion forms carry the champion the user saw, so a form that
@@ -20,7 +20,7 @@ from registry.dashboard.context import Dashboard
 from registry.dashboard.rendering import DashboardRoute, render, wants_json
 from registry.dashboard.session import check_csrf, end_session, flash, sign_in
 from registry.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
-from registry.rest_bodies import PromoteIn, RollbackIn, checked
+from registry.rest_bodies import PromoteIn, RollbackIn, ShadowIn, ShadowStopIn, checked
 from registry.throttle import RateLimited
 
 FormField = Annotated[str, Form()]
@@ -130,6 +130,55 @@ def action_router(dash: Dashboard) -> APIRouter:
             f"Rolled {task} back to {done.candidate} (placement epoch {done.epoch}).",
         )
         return _redirect(f"/tasks/{_q(task)}")
+
+    @router.post("/tasks/{task}/shadow")
+    def start_shadow(
+        request: Request,
+        task: str,
+        user: SignedIn,
+        csrf_token: FormField = "",
+        candidate: FormField = "",
+        sample_rate: FormField = "",
+        reason: FormField = "",
+    ) -> Response:
+        check_csrf(request, csrf_token)
+        back = f"/tasks/{_q(task)}/production"
+        try:
+            body = checked(
+                ShadowIn, candidate=candidate, sample_rate=sample_rate, reason=reason.strip()
+            )
+            done = dash.acting(user).start_shadow(
+                task, body.candidate, sample_rate=body.sample_rate, reason=body.reason
+            )
+        except (Conflict, InvalidInput) as exc:
+            flash(request, "error", f"No shadow started: {exc}")
+            return _redirect(back)
+        flash(
+            request,
+            "ok",
+            f"{done.candidate} shadows {task} now, on {done.sample_rate:g} of its requests "
+            f"(shadow epoch {done.epoch}).",
+        )
+        return _redirect(back)
+
+    @router.post("/tasks/{task}/shadow/stop")
+    def stop_shadow(
+        request: Request,
+        task: str,
+        user: SignedIn,
+        csrf_token: FormField = "",
+        reason: FormField = "",
+    ) -> Response:
+        check_csrf(request, csrf_token)
+        back = f"/tasks/{_q(task)}/production"
+        try:
+            body = checked(ShadowStopIn, reason=reason.strip())
+            done = dash.acting(user).stop_shadow(task, reason=body.reason)
+        except InvalidInput as exc:
+            flash(request, "error", f"Nothing stopped: {exc}")
+            return _redirect(back)
+        flash(request, "ok", f"The shadow {done.candidate} of {task} is stopped.")
+        return _redirect(back)
 
     def _after_conflict(request: Request, task: str, candidate: str, exc: Conflict) -> Response:
         now = reg.champion(task)

@@ -8,6 +8,7 @@ from html import escape
 from markupsafe import Markup
 
 from registry.dashboard.views import Standing
+from registry.entities import AgreementSummary
 
 WIDTH = 720
 LABEL_W = 230
@@ -83,3 +84,54 @@ def _ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     first = math.ceil(lo / step) * step
     count = int((hi - first) / step + 1e-9) + 1
     return [round(first + i * step, 10) for i in range(count)]
+
+
+AGREEMENT_H = 180
+
+
+def agreement_chart(summary: AgreementSummary) -> Markup:
+    """The shadow's agreement per time bucket (0..1) with each bucket's 95% CI, and the
+    overall estimate as a line."""
+    points = summary.series
+    if not points or summary.estimate is None:
+        return Markup('<p class="muted">No shadow replies judged yet: nothing to chart.</p>')
+    left, right, top, bottom = 60, 20, 24, 30
+    plot_w, plot_h = WIDTH - left - right, AGREEMENT_H - top - bottom
+
+    def y(value: float) -> float:
+        return top + (1.0 - max(0.0, min(1.0, value))) * plot_h
+
+    step = plot_w / max(len(points), 1)
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {WIDTH} {AGREEMENT_H}" width="{WIDTH}" '
+        f'height="{AGREEMENT_H}" xmlns="http://www.w3.org/2000/svg">',
+        "<title>agreement of the shadow with the champion over time, 95% CIs</title>",
+        f'<text x="{left}" y="14" class="axis-title">agreement per bucket (95% CI); '
+        f"overall {summary.estimate:.3f}</text>",
+    ]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(
+            f'<line x1="{left}" y1="{y(tick):.1f}" x2="{WIDTH - right}" y2="{y(tick):.1f}" '
+            f'class="grid"/><text x="{left - 8}" y="{y(tick) + 4:.1f}" class="tick" '
+            f'text-anchor="end">{tick:g}</text>'
+        )
+    overall = y(summary.estimate)
+    parts.append(
+        f'<line x1="{left}" y1="{overall:.1f}" x2="{WIDTH - right}" y2="{overall:.1f}" '
+        'class="bar-to-beat"/>'
+    )
+    for i, point in enumerate(points):
+        cx = left + step * (i + 0.5)
+        parts.append(
+            f'<g class="row other"><line x1="{cx:.1f}" y1="{y(point.high):.1f}" x2="{cx:.1f}" '
+            f'y2="{y(point.low):.1f}" class="ci"/><circle cx="{cx:.1f}" '
+            f'cy="{y(point.estimate):.1f}" r="4" class="dot"><title>'
+            f"{escape(point.start.strftime('%Y-%m-%d %H:%M'))}: {point.estimate:.3f} "
+            f"[{point.low:.3f}, {point.high:.3f}], {point.inputs} inputs</title></circle></g>"
+        )
+    parts.append(
+        f'<text x="{left}" y="{AGREEMENT_H - 8}" class="tick">'
+        f"{escape(points[0].start.strftime('%Y-%m-%d %H:%M'))}</text>"
+    )
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -1,4 +1,5 @@
-"""The dashboard's pages (GET): tasks, one task, one candidate, confirmations, the fleet."""
+"""The dashboard's pages (GET): tasks, one task and its production view, one candidate,
+confirmations, the fleet."""
 
 # No `from __future__ import annotations`: FastAPI resolves the `Annotated` dependencies below
 # at runtime.
@@ -9,8 +10,9 @@ from starlette.responses import RedirectResponse, Response
 
 from registry.access import Principal
 from registry.dashboard.actions import NO_CHAMPION
-from registry.dashboard.charts import leaderboard_chart
+from registry.dashboard.charts import agreement_chart, leaderboard_chart
 from registry.dashboard.context import Dashboard
+from registry.dashboard.production_page import production_page
 from registry.dashboard.rendering import DashboardRoute, render
 from registry.dashboard.views import (
     fleet_page,
@@ -41,6 +43,11 @@ def page_router(dash: Dashboard) -> APIRouter:
         page = task_page(reg, task)
         chart = leaderboard_chart(page.standings, metric=page.main_metric, margin=page.task.margin)
         return render(request, "task.html", page=page, chart=chart)
+
+    @router.get("/tasks/{task}/production")
+    def production(request: Request, task: str, user: SignedIn) -> Response:
+        page = production_page(reg, task)
+        return render(request, "production.html", page=page, chart=agreement_chart(page.agreement))
 
     @router.get("/tasks/{task}/candidates/{candidate}")
     def candidate(request: Request, task: str, candidate: str, user: SignedIn) -> Response:

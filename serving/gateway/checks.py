@@ -21,7 +21,7 @@ from httpapi.handlers import error_response
 from httpapi.tokens import bearer_token, key_prefix, token_matches
 from serving import nats_layout
 from serving.directory import KeyRecord, TaskRecord
-from serving.gateway.dispatch import TaskBody
+from serving.gateway.dispatch import Served, TaskBody
 from serving.gateway.errors import (
     BadRequest,
     Forbidden,
@@ -34,7 +34,9 @@ from serving.gateway.errors import (
 from serving.gateway.headers import CallHeaders, call_headers
 from serving.gateway.metrics import OK_CODE, UNKNOWN_TASK_LABEL
 from serving.gateway.parts import Gateway
-from serving.protocol import AnyReplyOk, PlacementValue
+from serving.gateway.sampling import SAMPLED_HEADER, Sampling
+from serving.nats_layout import shadow_key
+from serving.protocol import PlacementValue
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +187,7 @@ async def queue_call(
     parsed: TaskBody,
     key: KeyRecord | None,
     call: CallHeaders,
-) -> AnyReplyOk:
+) -> Served:
     """The checks of a parsed body of the task's kind, in order, then queue it and wait."""
     task = record.name
     parsed.check_limits(record)
@@ -200,7 +202,41 @@ async def queue_call(
         priority=call.priority,
         min_epoch=call.min_epoch,
         key=key.name if key is not None else None,
+        sampling=await sampling_of(gateway, record, served, key),
     )
+
+
+async def sampling_of(
+    gateway: Gateway, record: TaskRecord, placement: PlacementValue, key: KeyRecord | None
+) -> Sampling | None:
+    """How this task's requests are sampled now; None when none are. The shadow gets copies
+    only while a live worker holds its placement."""
+    if record.sample_rate <= 0:
+        return None
+    shadow = gateway.view.shadows.get(record.name)
+    if shadow is not None and not await gateway.dispatcher.live_workers(shadow_key(record.name)):
+        shadow = None
+    return Sampling(
+        rate=record.sample_rate,
+        retention_s=record.retention_s,
+        kind=record.kind,
+        candidate=placement.candidate,
+        shadow=shadow,
+        key=key.name if key is not None else None,
+    )
+
+
+async def answered(handler: Callable[[], Awaitable[Response]]) -> tuple[Response, str]:
+    """``handler``'s response, or its refusal in the one error shape; and the code."""
+    try:
+        return await handler(), OK_CODE
+    except Exception as exc:
+        if not isinstance(exc, ApiError):  # the gateway's own refusals and the registry's
+            # A bug or an unforeseen failure still answers in the one error shape; the
+            # traceback goes to the log, not to the caller.
+            log.exception("unexpected failure while serving a request")
+            exc = GatewayError("internal gateway error; see its log")
+        return error_response(exc), exc.code
 
 
 async def measured(
@@ -208,24 +244,18 @@ async def measured(
 ) -> Response:
     """``handler``'s response, any failure answered in the one error shape, both counted."""
     started = time.perf_counter()
-    code = OK_CODE
-    try:
-        response = await handler()
-    except Exception as exc:
-        if not isinstance(exc, ApiError):  # the gateway's own refusals and the registry's
-            # A bug or an unforeseen failure still answers in the one error shape; the
-            # traceback goes to the log, not to the caller.
-            log.exception("unexpected failure while serving a request")
-            exc = GatewayError("internal gateway error; see its log")
-        code = exc.code
-        response = error_response(exc)
+    response, code = await answered(handler)
     gateway.metrics.observe(outcome.task, response.status_code, code, time.perf_counter() - started)
     return response
 
 
-def served_by(reply: AnyReplyOk) -> dict[str, str]:
-    return {
+def served_by(served: Served) -> dict[str, str]:
+    reply = served.reply
+    headers = {
         "X-Taskfleet-Epoch": str(reply.epoch),
         "X-Taskfleet-Model": reply.model_key,
         "X-Request-Id": reply.request_id,
     }
+    if served.sampled:  # feedback about it is taken (POST /v1/feedback)
+        headers[SAMPLED_HEADER] = "1"
+    return headers

@@ -44,6 +44,7 @@ from serving.gateway.errors import (
     from_worker_error,
 )
 from serving.gateway.metrics import ConsumerStats, GatewayMetrics, QueueSnapshot
+from serving.gateway.sampling import Sampler, Sampling
 from serving.gateway.view import FleetView
 from serving.protocol import (
     AnyReplyOk,
@@ -64,6 +65,14 @@ Incarnations = dict[str, int | None]
 TaskBody = EmbedBody | RerankBody | ClassifyBody
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A request's reply, and whether it was sampled (kept in stream SAMPLES)."""
+
+    reply: AnyReplyOk
+    sampled: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class Dispatcher:
         self._cleanups: set[asyncio.Task[None]] = set()
         # Tasks, API-key digests and placements as the control plane publishes them.
         self.view = FleetView()
+        self.sampler = Sampler(metrics, settings.inline_limit_bytes)
         self._following: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,11 +177,16 @@ class Dispatcher:
         for future in self._pending.values():
             if not future.done():
                 future.cancel()
+        await self.sampler.close()
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.drain()
             with contextlib.suppress(Exception):
                 await self._nc.close()
+
+    def jetstream(self) -> JetStreamContext:
+        """The gateway's JetStream context (503 while it is not connected)."""
+        return self._require_connection()[0]
 
     def _require_connection(self) -> tuple[JetStreamContext, nats_layout.Layout]:
         if not self.connected or self._js is None or self._layout is None:
@@ -315,7 +330,8 @@ class Dispatcher:
         priority: int,
         min_epoch: int = 0,
         key: str | None = None,
-    ) -> AnyReplyOk:
+        sampling: Sampling | None = None,
+    ) -> Served:
         """Queue one request and wait for its reply until the deadline; raises GatewayError.
 
         The request's texts (inputs, or a rerank request's documents) move to the object store
@@ -323,7 +339,9 @@ class Dispatcher:
         newest epoch that this gateway has answered the task from or that the caller says it
         has seen (``min_epoch``, checked by ``await_epoch`` first): a worker still on an older
         epoch hands it back, so replies never go back in epoch after a promotion. ``key`` (the
-        caller's API key name) travels as ``Tf-Key``."""
+        caller's API key name) travels as ``Tf-Key``. With ``sampling``, a sampled request is
+        copied to the task's shadow and kept in stream SAMPLES (``serving/gateway/
+        sampling.py``); ``Served.sampled`` says whether it was kept."""
         js, layout = self._require_connection()
         request_id = uuid.uuid4().hex
         deadline = time.monotonic() + timeout_s
@@ -359,7 +377,13 @@ class Dispatcher:
             except (nats.errors.Error, TimeoutError) as exc:
                 raise self._queue_unavailable(f"NATS did not take the request: {exc}") from exc
             payload = pack(request.payload(task, inputs))
+            # Only inline inputs are kept: a sample is one message.
+            sample = sampling is not None and not offloaded and sampling.sampled(request_id)
+            queued_ms = now_ms()
+            started = time.perf_counter()
             await self._publish(js, nats_layout.task_subject(task), payload, headers, deadline)
+            if sample and sampling is not None and sampling.shadow is not None:
+                self.sampler.copy_to_shadow(js, task, request_id, payload, priority)
             try:
                 reply = await asyncio.wait_for(
                     future, timeout=max(0.0, deadline - time.monotonic())
@@ -386,7 +410,13 @@ class Dispatcher:
             )
         if reply.epoch > self._epochs.get(task, 0):
             self._epochs[task] = reply.epoch
-        return reply
+        kept = False
+        if sample and sampling is not None:
+            latency_ms = (time.perf_counter() - started) * 1000
+            kept = await self.sampler.record(
+                js, sampling, task, payload, reply, queued_ms, latency_ms
+            )
+        return Served(reply, kept)
 
     async def _deadline_error(
         self, task: str, timeout_s: float, serving: Incarnations

@@ -109,6 +109,24 @@ class GatewayMetrics:
             ["key"],
             registry=self.registry,
         )
+        self.samples = Counter(
+            "taskfleet_gateway_samples",
+            "Sampled requests by task and outcome: kept (in stream SAMPLES), too_large, failed.",
+            ["task", "outcome"],
+            registry=self.registry,
+        )
+        self.shadow_copies = Counter(
+            "taskfleet_gateway_shadow_copies",
+            "Copies of sampled requests for the task's shadow, by outcome (sent, failed).",
+            ["task", "outcome"],
+            registry=self.registry,
+        )
+        self.feedback = Counter(
+            "taskfleet_gateway_feedback",
+            "Feedback answered, by task (_unknown before its sample is found) and code.",
+            ["task", "code"],
+            registry=self.registry,
+        )
         self.queue_pending = Gauge(
             "taskfleet_queue_pending",
             "Messages of the task in stream TASKS not delivered to any worker yet.",

@@ -1,5 +1,6 @@
 """The gateway's routes: plain handler functions given the app's ``Gateway`` as a dependency,
-on two routers: the calls (``POST /v1/tasks/{task}`` and the stock-client endpoints) and the
+on two routers: the calls (``POST /v1/tasks/{task}``, the stock-client endpoints and
+``POST /v1/feedback``) and the
 operator's routes (health, readiness, Prometheus).
 
 ``call_router(max_inputs)`` builds its router for a gateway's input limit, which its OpenAPI
@@ -17,9 +18,11 @@ from fastapi.responses import JSONResponse, Response
 
 from httpapi.handlers import error_response
 from httpapi.scrape import check_scraper
+from serving.directory import DEFAULT_RETENTION_S
 from serving.gateway import bodies, bodies_classify, bodies_rerank
 from serving.gateway.checks import (
     Outcome,
+    answered,
     authenticate,
     find_task,
     headers_of,
@@ -31,6 +34,14 @@ from serving.gateway.checks import (
 )
 from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import Unavailable
+from serving.gateway.feedback import (
+    FEEDBACK_RESPONSE_DOC,
+    MAX_FEEDBACK_BYTES,
+    feedback_doc,
+    find_sample,
+    parse_feedback,
+    record_feedback,
+)
 from serving.gateway.parts import Gateway, gateway_of
 from serving.protocol import ClassifyReplyOk, ScoreReplyOk
 
@@ -65,7 +76,8 @@ async def call_task(task: str, request: Request, gateway: GatewayDep) -> Respons
             parsed = bodies_classify.parse_classify_body(obj, limit)
         else:
             parsed = bodies.parse_embed_body(obj, limit)
-        reply = await queue_call(gateway, record, placement, parsed, key, call)
+        served = await queue_call(gateway, record, placement, parsed, key, call)
+        reply = served.reply
         out = bodies.response_format(fmt, request.headers.get("accept"))
         if isinstance(reply, ScoreReplyOk):
             content = bodies_rerank.rerank_response(reply, out)
@@ -73,7 +85,7 @@ async def call_task(task: str, request: Request, gateway: GatewayDep) -> Respons
             content = bodies_classify.classify_response(reply, out)
         else:
             content = bodies.embed_response(reply, out)
-        return Response(content, media_type=out.value, headers=served_by(reply))
+        return Response(content, media_type=out.value, headers=served_by(served))
 
     return await measured(gateway, outcome, handle)
 
@@ -96,8 +108,8 @@ async def stock_call(
         body = await read_body(request, settings.max_body_bytes)
         parsed = parse(body, settings.max_inputs)
         record, placement = stock_task(gateway, parsed.task, kind, outcome, key)
-        reply = await queue_call(gateway, record, placement, parsed.request, key, call)
-        return JSONResponse(answer(reply, parsed), headers=served_by(reply))
+        served = await queue_call(gateway, record, placement, parsed.request, key, call)
+        return JSONResponse(answer(served.reply, parsed), headers=served_by(served))
 
     return await measured(gateway, outcome, handle)
 
@@ -133,6 +145,34 @@ async def classify(request: Request, gateway: GatewayDep) -> Response:
     )
 
 
+async def feedback(request: Request, gateway: GatewayDep) -> Response:
+    """What a caller says about a sampled request (``X-Taskfleet-Sampled: 1``): the label of an
+    input, the relevant documents or corpus ids; joined by the control plane into the task's
+    live split. Recorded once per (request, input)."""
+    outcome = Outcome()
+
+    async def handle() -> Response:
+        key = authenticate(gateway, request)
+        body = await read_body(request, MAX_FEEDBACK_BYTES)
+        obj = bodies.decode_map(body, bodies.body_format(request.headers.get("content-type")))
+        parsed = parse_feedback(obj)
+        js = gateway.dispatcher.jetstream()
+        sample = await find_sample(js, parsed.request_id)
+        outcome.task = sample.task
+        record = gateway.view.tasks.get(sample.task)
+        retention = record.retention_s if record is not None else DEFAULT_RETENTION_S
+        await record_feedback(js, parsed, sample, key, retention)
+        return JSONResponse(
+            {"status": "accepted", "request_id": parsed.request_id, "task": sample.task,
+             "index": parsed.index},
+            status_code=202,
+        )  # fmt: skip
+
+    response, code = await answered(handle)
+    gateway.metrics.feedback.labels(task=outcome.task, code=code).inc()
+    return response
+
+
 def call_router(max_inputs: int) -> APIRouter:
     """The call routes, documented for a gateway that takes at most ``max_inputs`` texts."""
     router = APIRouter()
@@ -161,6 +201,14 @@ def call_router(max_inputs: int) -> APIRouter:
         classify,
         methods=["POST"],
         openapi_extra=bodies_classify.classify_request_doc(max_inputs),
+    )
+    router.add_api_route(
+        "/v1/feedback",
+        feedback,
+        methods=["POST"],
+        status_code=202,
+        openapi_extra=feedback_doc(),
+        responses={202: FEEDBACK_RESPONSE_DOC},
     )
     return router
 

@@ -44,6 +44,8 @@ class FleetView:
         self.keys: dict[str, KeyRecord] = {}  # by token prefix
         self.tasks: dict[str, TaskRecord] = {}  # by name: kind and per-text limits
         self.placements: dict[str, PlacementValue] = {}
+        # The task's shadow placement, if it has one (KV key `<task>.shadow`).
+        self.shadows: dict[str, PlacementValue] = {}
         # Set (and replaced) whenever a placement changes: what `wait_for_epoch` waits on.
         self._placements_changed = asyncio.Event()
         # The control plane has published the directory at least once (its `meta` was seen).
@@ -118,15 +120,25 @@ class FleetView:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
-    def _apply_placement(self, task: str, value: bytes | None) -> None:
+    def _apply_placement(self, key: str, value: bytes | None) -> None:
+        # A shadow's placement lies under `<task>.shadow`: it is never the task's champion.
+        shadow = key.endswith(nats_layout.SHADOW_KEY_SUFFIX)
+        table = self.shadows if shadow else self.placements
+        task = key.removesuffix(nats_layout.SHADOW_KEY_SUFFIX) if shadow else key
         if value is None:
-            self.placements.pop(task, None)
+            table.pop(task, None)
             return
         try:
-            self.placements[task] = from_wire(PlacementValue, unpack(value))
+            placement = from_wire(PlacementValue, unpack(value))
         except ProtocolError as exc:
-            log.warning("ignoring a bad placement under %r: %s", task, exc)
-            self.placements.pop(task, None)
+            log.warning("ignoring a bad placement under %r: %s", key, exc)
+            table.pop(task, None)
+            return
+        if placement.shadow != shadow or placement.task != task:
+            log.warning("ignoring a placement under %r that names %r", key, placement.task)
+            table.pop(task, None)
+            return
+        table[task] = placement
 
     def placement_epoch(self, task: str) -> int:
         """The epoch of the task's placement as this gateway has it (0: none)."""

@@ -81,6 +81,9 @@ class PlacementValue:
     runtime: str = "torch"
     # Every runtime profile of the base model, one per machine class (none: the defaults).
     profiles: list[RuntimeProfileValue] | None = None
+    # A shadow placement (KV key `<task>.shadow`): it serves the sampled copies of the task's
+    # requests from `shadow_<task>` on stream SHADOW; its replies go to stream SAMPLES only.
+    shadow: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -77,10 +77,15 @@ impl TaskNameRule {
 pub struct Nats {
     pub replicas: usize,
     pub reply_subject_prefix: String,
+    /// A task's shadow placement lies in KV `placements` under `<task><shadow_key_suffix>`.
+    pub shadow_key_suffix: String,
     pub streams: Streams,
     pub task_consumer: ConsumerRule,
     pub kv: KeyValues,
     pub object_stores: ObjectStores,
+    pub shadow_consumer: ConsumerRule,
+    /// Python only (the control plane's); read so the file is refused whole here too.
+    pub production_consumers: ControlConsumers,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,6 +93,9 @@ pub struct Nats {
 pub struct Streams {
     pub tasks: StreamRule,
     pub dlq: StreamRule,
+    pub shadow: StreamRule,
+    pub samples: StreamRule,
+    pub feedback: StreamRule,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +130,14 @@ pub enum Storage {
     Memory,
 }
 
+/// What a full stream (or subject) discards: its oldest messages, or the new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Discard {
+    Old,
+    New,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AckPolicy {
@@ -140,6 +156,17 @@ pub struct StreamRule {
     pub max_age_s: f64,
     #[serde(default)]
     pub duplicate_window_s: Option<f64>,
+    /// None: the server's default (old).
+    #[serde(default)]
+    pub discard: Option<Discard>,
+    /// None: unbounded.
+    #[serde(default)]
+    pub max_msgs_per_subject: Option<i64>,
+    #[serde(default)]
+    pub discard_new_per_subject: bool,
+    /// Messages may carry their own TTL (`Nats-TTL`).
+    #[serde(default)]
+    pub allow_msg_ttl: bool,
 }
 
 impl StreamRule {
@@ -168,6 +195,17 @@ impl ConsumerRule {
     pub fn name(&self, task: &str) -> String {
         format!("{}{task}", self.name_prefix)
     }
+}
+
+/// The leading control plane's durable consumers of SAMPLES and FEEDBACK (Python's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConsumers {
+    pub samples: String,
+    pub feedback: String,
+    pub ack_policy: AckPolicy,
+    pub ack_wait_s: f64,
+    pub max_ack_pending: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -225,6 +263,8 @@ mod tests {
         let contract = declared();
         assert_eq!(contract.nats.streams.tasks.subject("a"), "tasks.a");
         assert_eq!(contract.nats.task_consumer.name("a"), "task_a");
+        assert_eq!(contract.nats.streams.shadow.subject("a"), "shadow.a");
+        assert_eq!(contract.nats.shadow_consumer.name("a"), "shadow_a");
         assert!(contract.error_codes.contains_key("INTERNAL"));
     }
 

@@ -402,6 +402,11 @@ fn contract_report() -> serde_json::Value {
         "tasks_stream": nats::stream_config(&declared.nats.streams.tasks),
         "dlq_stream": nats::stream_config(&declared.nats.streams.dlq),
         "task_consumer_alpha": consumer,
+        "shadow_stream": nats::stream_config(&declared.nats.streams.shadow),
+        "shadow_consumer_alpha": nats::shadow_consumer_config(
+            "alpha",
+            std::time::Duration::from_millis(declared_ack_wait_ms()),
+        ),
         "kv": {
             "placements": kv(&declared.nats.kv.placements),
             "workers": kv(&declared.nats.kv.workers),

@@ -61,12 +61,57 @@ pub fn holds(
     if kind != runtime {
         return false;
     }
-    let candidates = members
+    holders(task, replicas as usize, of_runtime(members, me, runtime)).contains(&me)
+}
+
+/// The live workers of `runtime`, `me` among them.
+fn of_runtime<'a>(members: &'a Members, me: &'a str, runtime: &'a str) -> Vec<&'a str> {
+    members
         .iter()
         .filter(|(id, k)| k.as_deref() == Some(runtime) && id.as_str() != me)
         .map(|(id, _)| id.as_str())
-        .chain(std::iter::once(me));
-    holders(task, replicas as usize, candidates).contains(&me)
+        .chain(std::iter::once(me))
+        .collect()
+}
+
+/// Whether `me` holds the shadow placed under `key` (`<task>.shadow`) with `replicas` on
+/// `runtime`, beside a champion held by `champion` (its holders, from [`holders_of`]). The
+/// shadow ranks the workers that do not hold the champion, so that the shadow's work and a
+/// crash of its worker stay off the champion's workers; only when no such worker is left does
+/// it share theirs.
+pub fn holds_shadow(
+    members: &Members,
+    me: &str,
+    kind: &str,
+    key: &str,
+    runtime: &str,
+    replicas: u32,
+    champion: &[String],
+) -> bool {
+    if kind != runtime {
+        return false;
+    }
+    let all = of_runtime(members, me, runtime);
+    let apart: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|id| !champion.iter().any(|c| c == id))
+        .collect();
+    let pool = if apart.is_empty() { all } else { apart };
+    holders(key, replicas as usize, pool).contains(&me)
+}
+
+/// The workers that hold `task` placed with `replicas` on `runtime`, as every worker computes
+/// them.
+pub fn holders_of(members: &Members, task: &str, runtime: &str, replicas: u32) -> Vec<String> {
+    let all = members
+        .iter()
+        .filter(|(_, k)| k.as_deref() == Some(runtime))
+        .map(|(id, _)| id.as_str());
+    holders(task, replicas as usize, all)
+        .into_iter()
+        .map(str::to_string)
+        .collect()
 }
 
 async fn read(store: &kv::Store) -> Option<BTreeMap<String, Option<String>>> {
@@ -151,7 +196,7 @@ pub async fn watch_members(
 
 #[cfg(test)]
 mod tests {
-    use super::{holders, holds, Members};
+    use super::{holders, holders_of, holds, holds_shadow, Members};
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
@@ -206,5 +251,39 @@ mod tests {
         assert!(holds(&all, "t0", "torch", "t", "torch", 5));
         assert!(!holds(&all, "t0", "torch", "t", "candle", 5));
         assert!(holds(&all, "c0", "candle", "t", "candle", 1));
+    }
+
+    #[test]
+    fn a_shadow_lies_on_another_worker_than_its_champion_while_there_is_one() {
+        let all = members(&["w0", "w1", "w2"]);
+        for task in ["a", "b", "german-legal-area", "x-1"] {
+            let champion = holders_of(&all, task, "torch", 1);
+            let key = format!("{task}.shadow");
+            let shadow: Vec<&str> = ["w0", "w1", "w2"]
+                .into_iter()
+                .filter(|me| holds_shadow(&all, me, "torch", &key, "torch", 1, &champion))
+                .collect();
+            assert_eq!(shadow.len(), 1, "{task}: {shadow:?}");
+            assert!(
+                !champion.iter().any(|c| c == shadow[0]),
+                "{task}: {shadow:?}"
+            );
+        }
+        // One worker only: the shadow shares it rather than going unserved.
+        let alone = members(&["w0"]);
+        let champion = holders_of(&alone, "a", "torch", 1);
+        assert!(holds_shadow(
+            &alone, "w0", "torch", "a.shadow", "torch", 1, &champion
+        ));
+        // A shadow on another runtime than the worker's is not its own.
+        assert!(!holds_shadow(
+            &all,
+            "w0",
+            "torch",
+            "a.shadow",
+            "candle",
+            1,
+            &[]
+        ));
     }
 }

@@ -180,6 +180,7 @@ pub struct Metrics {
     pub redeliveries: Counter,
     pub retries: Counter,
     pub dead_letters: Counter,
+    pub shadow_shed: Counter,
     pub loads: Counter,
     pub evictions: Counter,
     pub runtime_restarts: Counter,
@@ -246,6 +247,12 @@ impl Metrics {
                 "Messages moved to the DLQ stream, by task and error code.",
                 &["task", "code"],
             ),
+            shadow_shed: Counter::new(
+                "taskfleet_sidecar_shadow_shed",
+                "Sampled copies a shadow placement dropped unrun, by placement and reason \
+                 (CHAMPION_BUSY, DEADLINE_EXCEEDED, MODEL_LOADING, ...).",
+                &["task", "reason"],
+            ),
             loads: Counter::new(
                 "taskfleet_sidecar_model_loads",
                 "Model loads by outcome (ok, failed).",
@@ -291,6 +298,7 @@ impl Metrics {
             &self.redeliveries,
             &self.retries,
             &self.dead_letters,
+            &self.shadow_shed,
             &self.loads,
             &self.evictions,
             &self.runtime_restarts,

@@ -11,7 +11,9 @@ use async_nats::jetstream::{self, kv, object_store, stream};
 use async_nats::ServerAddr;
 use tokio::sync::OnceCell;
 
-use crate::contract::{self, seconds, BucketRule, ObjectStoreRule, Retention, Storage, StreamRule};
+use crate::contract::{
+    self, seconds, BucketRule, Discard, ObjectStoreRule, Retention, Storage, StreamRule,
+};
 use crate::error::{Error, Result};
 
 /// How to authenticate to NATS and whether to use TLS (all optional).
@@ -140,7 +142,8 @@ impl From<contract::AckPolicy> for AckPolicy {
     }
 }
 
-/// The stream `rule` declares (one replica; a missing stream gets the cluster's on creation).
+/// The stream `rule` declares (one replica; a missing stream gets the cluster's on creation):
+/// one of the streams a worker may create (TASKS, DLQ, SHADOW).
 pub fn stream_config(rule: &StreamRule) -> stream::Config {
     stream::Config {
         name: rule.name.clone(),
@@ -150,6 +153,16 @@ pub fn stream_config(rule: &StreamRule) -> stream::Config {
         max_age: seconds(rule.max_age_s),
         // Zero: the server's default, as a stream created without one gets.
         duplicate_window: rule.duplicate_window_s.map(seconds).unwrap_or_default(),
+        discard: match rule.discard {
+            Some(Discard::New) => stream::DiscardPolicy::New,
+            Some(Discard::Old) | None => stream::DiscardPolicy::Old,
+        },
+        // -1: no limit (the server's default).
+        max_messages_per_subject: rule.max_msgs_per_subject.unwrap_or(-1),
+        discard_new_per_subject: rule.discard_new_per_subject,
+        // `allow_msg_ttl` is not built: async-nats has it only with feature `server_2_11`, and
+        // the streams that declare it (SAMPLES, FEEDBACK) are the control plane's, never
+        // created here (tested below).
         ..Default::default()
     }
 }
@@ -189,6 +202,21 @@ pub fn task_consumer_config(task: &str, ack_wait: Duration, max_deliver: i64) ->
     }
 }
 
+/// What a worker's consumer of a task's shadow is created with: the declared shadow consumer
+/// (`shadow_<task>` on `SHADOW`, one delivery: a copy lost with its worker is not run again),
+/// with this worker's `ack_wait`.
+pub fn shadow_consumer_config(task: &str, ack_wait: Duration) -> pull::Config {
+    let rule = &contract::declared().nats.shadow_consumer;
+    pull::Config {
+        durable_name: Some(rule.name(task)),
+        filter_subject: contract::declared().nats.streams.shadow.subject(task),
+        ack_policy: rule.ack_policy.into(),
+        ack_wait,
+        max_deliver: rule.max_deliver,
+        ..Default::default()
+    }
+}
+
 /// A stream, created with `config` (and the cluster's replicas) when missing. The replicas are
 /// counted after the look-up: the client knows the server's INFO only once connected.
 async fn stream_with(
@@ -213,10 +241,10 @@ pub async fn dlq_stream(js: &jetstream::Context) -> Result<stream::Stream> {
     stream_with(js, stream_config(&contract::declared().nats.streams.dlq)).await
 }
 
-/// The durable pull consumer of `task` on `TASKS`. Workers are the one role that creates it
-/// (the gateway only reads it): created with `config` when missing; one that exists stands as
-/// it is, and what differs from `config` (another worker's flags, an older version's) is
-/// logged once per task loop.
+/// The durable pull consumer of a task on `TASKS` (or of its shadow on `SHADOW`). Workers are
+/// the one role that creates it (the gateway only reads it): created with `config` when
+/// missing; one that exists stands as it is, and what differs from `config` (another worker's
+/// flags, an older version's) is logged once per task loop.
 pub async fn task_consumer(
     stream: &stream::Stream,
     config: pull::Config,
@@ -270,6 +298,12 @@ pub fn consumer_differences(found: &consumer::Config, wanted: &pull::Config) -> 
         ));
     }
     differences
+}
+
+/// The sampled copies of requests for shadow placements (`shadow.<task>`): a work queue in
+/// memory whose backlog the stream itself drops by age and count (contract/shared.toml).
+pub async fn shadow_stream(js: &jetstream::Context) -> Result<stream::Stream> {
+    stream_with(js, stream_config(&contract::declared().nats.streams.shadow)).await
 }
 
 /// A KV bucket, created with `config` when missing.
@@ -345,7 +379,22 @@ impl Payloads {
 
 #[cfg(test)]
 mod tests {
-    use super::{replicas_for, server_addrs};
+    use super::{replicas_for, server_addrs, stream_config};
+    use crate::contract;
+
+    #[test]
+    fn the_streams_a_worker_creates_are_built_whole() {
+        let streams = &contract::declared().nats.streams;
+        for rule in [&streams.tasks, &streams.dlq, &streams.shadow] {
+            // What `stream_config` cannot build (see there) must not be declared for them.
+            assert!(!rule.allow_msg_ttl, "{}", rule.name);
+        }
+        let shadow = stream_config(&streams.shadow);
+        assert_eq!(shadow.subjects, ["shadow.>"]);
+        assert_eq!(shadow.max_messages_per_subject, 1000);
+        assert_eq!(shadow.discard, async_nats::jetstream::stream::DiscardPolicy::Old);
+        assert_eq!(stream_config(&streams.tasks).max_messages_per_subject, -1);
+    }
 
     #[test]
     fn three_nodes_or_more_get_three_replicas() {

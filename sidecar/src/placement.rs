@@ -105,14 +105,31 @@ pub fn valid_task_name(task: &str) -> bool {
     contract::declared().task_name.allows(task)
 }
 
+/// The KV key a shadow placement of `task` is stored under (`<task>.shadow`); a champion's
+/// placement lies under its task's name (contract/shared.toml `shadow_key_suffix`).
+pub fn shadow_key(task: &str) -> String {
+    format!("{task}{}", contract::declared().nats.shadow_key_suffix)
+}
+
 fn validate(key: &str, placement: &Placement) -> Result<()> {
-    if !valid_task_name(key) {
+    let suffix = contract::declared().nats.shadow_key_suffix.as_str();
+    let task = match key.strip_suffix(suffix) {
+        Some(task) if placement.shadow => task,
+        _ if placement.shadow => {
+            return Err(Error::BadPayload(format!(
+                "a shadow placement must lie under {:?}, not {key:?}",
+                shadow_key(&placement.task)
+            )));
+        }
+        _ => key,
+    };
+    if !valid_task_name(task) {
         return Err(Error::BadPayload(format!(
-            "task name {key:?} cannot be served: a task name holds {}",
+            "task name {task:?} cannot be served: a task name holds {}",
             contract::declared().task_name.describe()
         )));
     }
-    if placement.task != key {
+    if placement.task != task {
         return Err(Error::BadPayload(format!(
             "placement under key {key:?} names task {:?}",
             placement.task
@@ -128,6 +145,7 @@ fn validate(key: &str, placement: &Placement) -> Result<()> {
 mod tests {
     use std::time::Duration;
 
+    use super::validate;
     use crate::protocol::{ArtifactRef, Placement, RuntimeProfile};
 
     fn placement(profiles: Vec<RuntimeProfile>) -> Placement {
@@ -151,6 +169,7 @@ mod tests {
             memory_bytes: 0,
             runtime: "torch".into(),
             profiles: Some(profiles),
+            shadow: false,
             applied: None,
         }
     }
@@ -216,5 +235,24 @@ mod tests {
             .load_request(std::path::Path::new("/c"))
             .settings
             .is_none());
+    }
+
+    fn of_task(task: &str, shadow: bool) -> Placement {
+        Placement {
+            task: task.into(),
+            shadow,
+            ..placement(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_shadow_lies_under_its_tasks_shadow_key_and_nowhere_else() {
+        assert!(validate("area", &of_task("area", false)).is_ok());
+        assert!(validate("area.shadow", &of_task("area", true)).is_ok());
+        // A shadow under the champion's key, a champion under a shadow key, another task.
+        assert!(validate("area", &of_task("area", true)).is_err());
+        assert!(validate("area.shadow", &of_task("area", false)).is_err());
+        assert!(validate("other.shadow", &of_task("area", true)).is_err());
+        assert!(validate("a.b.shadow", &of_task("a.b", true)).is_err());
     }
 }

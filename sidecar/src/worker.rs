@@ -1,13 +1,16 @@
 //! One loop per placed task: pulls from the durable consumer `task_<task>` on stream `TASKS`
 //! (all workers share it, so the consumer is one queue with competing workers), forms batches
 //! from local state and runs them on the runtime. `Workers` starts and stops the task loops as
-//! placements come and go, and keeps residency in line with them.
+//! placements come and go, and keeps residency in line with them. A shadow placement
+//! (`<task>.shadow`) gets a loop of its own on `shadow_<task>` (stream `SHADOW`), which runs only
+//! while the champion is idle (`worker/shadow.rs`) and sheds what cannot run.
 
 mod batch;
 mod fair;
 pub mod intake;
 pub mod outcome;
 mod parts;
+mod shadow;
 pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -111,7 +114,7 @@ impl Workers {
                         });
                     }
                     None => {
-                        running.insert(task.clone(), self.start_task(placement.clone()));
+                        running.insert(task.clone(), self.start_task(task, placement.clone()));
                     }
                 }
             }
@@ -161,7 +164,15 @@ impl Workers {
         placements
             .iter()
             .filter(|(task, p)| {
-                let ours = members::holds(live, me, kind, task, &p.runtime, p.replicas);
+                let ours = if p.shadow {
+                    let champion = placements
+                        .get(&p.task)
+                        .map(|c| members::holders_of(live, &p.task, &c.runtime, c.replicas))
+                        .unwrap_or_default();
+                    members::holds_shadow(live, me, kind, task, &p.runtime, p.replicas, &champion)
+                } else {
+                    members::holds(live, me, kind, task, &p.runtime, p.replicas)
+                };
                 if !ours {
                     tracing::debug!(%task, runtime = %p.runtime, replicas = p.replicas, "held by other workers");
                 }
@@ -196,8 +207,10 @@ impl Workers {
             .collect()
     }
 
-    fn start_task(self: &Arc<Self>, placement: Placement) -> Running {
-        let task = placement.task.clone();
+    /// A loop for the placement under KV key `task` (the task's name; `<task>.shadow` for a
+    /// shadow, whose loop and heartbeat entries go by that key).
+    fn start_task(self: &Arc<Self>, task: &str, placement: Placement) -> Running {
+        let task = task.to_string();
         tracing::info!(%task, "starting task loop");
         let status = Arc::new(TaskStatus::default());
         self.statuses
@@ -214,9 +227,20 @@ impl Workers {
         }
     }
 
-    /// The task's durable pull consumer, created with our settings when missing (workers are
-    /// the one role that creates it: `nats::task_consumer`).
-    async fn consumer(&self, task: &str) -> Result<jetstream::consumer::Consumer<pull::Config>> {
+    /// The durable pull consumer of a placement, created with our settings when missing
+    /// (workers are the one role that creates it: `nats::task_consumer`): the task's
+    /// `task_<task>` on `TASKS`, or for a shadow `shadow_<task>` on `SHADOW`, whose messages
+    /// are delivered once (a shadow copy lost with its worker is not run again).
+    async fn consumer(
+        &self,
+        placement: &Placement,
+    ) -> Result<jetstream::consumer::Consumer<pull::Config>> {
+        let task = &placement.task;
+        if placement.shadow {
+            let stream = nats::shadow_stream(&self.js).await?;
+            let config = nats::shadow_consumer_config(task, self.config.ack_wait);
+            return nats::task_consumer(&stream, config).await;
+        }
         let stream = nats::tasks_stream(&self.js).await?;
         // Failing messages of this task end up there; it must exist before the first one.
         nats::dlq_stream(&self.js).await?;
@@ -232,8 +256,9 @@ impl Workers {
         status: Arc<TaskStatus>,
         stop: CancellationToken,
     ) {
+        let first = placement.borrow().clone();
         let consumer = loop {
-            match self.consumer(&task).await {
+            match self.consumer(&first).await {
                 Ok(consumer) => break consumer,
                 Err(e) => tracing::error!(%task, error = %e, "no consumer yet; retrying"),
             }
@@ -250,8 +275,15 @@ impl Workers {
             max_deliver,
             nak_delay: self.config.nak_delay,
             payloads: self.payloads.clone(),
+            shadow: first.shadow,
         };
-        let mut task_loop = batch::TaskLoop::new(self, task, consumer, settler, placement, status);
+        let gate = if first.shadow {
+            Some(shadow::ChampionGate::new(self.js.clone(), &first.task))
+        } else {
+            None
+        };
+        let mut task_loop =
+            batch::TaskLoop::new(self, task, consumer, settler, placement, status, gate);
         task_loop.run(stop).await;
     }
 }

@@ -40,6 +40,7 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         runtime: "torch".into(),
         profiles: None,
         applied: None,
+        shadow: false,
     }
 }
 

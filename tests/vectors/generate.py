@@ -245,6 +245,23 @@ def messages() -> dict[str, Any]:
                 ),
             ],
         ),
+        # A shadow (KV key `german-legal-area.shadow`): served beside the champion, never to
+        # a caller.
+        "placement_value_shadow": p.PlacementValue(
+            task="german-legal-area",
+            epoch=3,
+            candidate="tiny-cls",
+            model_key="tiny+cls@9c1d",
+            base=p.Artifact(sha256="cd" * 32, size=1_000),
+            adapter=None,
+            query_prefix="",
+            passage_prefix="",
+            max_seq_length=None,
+            pinned=False,
+            replicas=1,
+            memory_bytes=4_096,
+            shadow=True,
+        ),
         "worker_heartbeat": p.WorkerHeartbeat(
             worker_id="w-host1-0",
             host="host1",

@@ -31,6 +31,11 @@ pub struct Placement {
     /// Every runtime profile of the base model, one per machine class.
     #[serde(default)]
     pub profiles: Option<Vec<RuntimeProfile>>,
+    /// A shadow placement (KV key `<task>.shadow`): it pulls the sampled copies of the task's
+    /// requests from `shadow_<task>` on stream `SHADOW`, and its replies go to stream
+    /// `SAMPLES`, never to a caller. Values written before shadows existed lack it.
+    #[serde(default)]
+    pub shadow: bool,
     /// The profile this worker applies (its own machine class's; see `apply_profile`): local
     /// state, never on the wire.
     #[serde(skip)]

@@ -21,12 +21,13 @@ pub enum Code {
     DeadlineExceeded,
     RuntimeUnavailable,
     ReplyUndeliverable,
+    ShadowShed,
     Internal,
 }
 
 impl Code {
     /// Every code the sidecar emits.
-    pub const ALL: [Code; 11] = [
+    pub const ALL: [Code; 12] = [
         Code::BadRequest,
         Code::UnknownOp,
         Code::ModelNotLoaded,
@@ -37,6 +38,7 @@ impl Code {
         Code::DeadlineExceeded,
         Code::RuntimeUnavailable,
         Code::ReplyUndeliverable,
+        Code::ShadowShed,
         Code::Internal,
     ];
 
@@ -63,6 +65,7 @@ impl Code {
             Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::RuntimeUnavailable => "RUNTIME_UNAVAILABLE",
             Code::ReplyUndeliverable => "REPLY_UNDELIVERABLE",
+            Code::ShadowShed => "SHADOW_SHED",
             Code::Internal => "INTERNAL",
         }
     }

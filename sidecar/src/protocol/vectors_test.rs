@@ -108,6 +108,7 @@ fn known_vectors() -> Vec<(&'static str, Roundtrip)> {
         ("reply_classify_ref", reply_message("classify")),
         ("reply_error", reply_message("error")),
         ("placement_value", typed::<Placement>),
+        ("placement_value_shadow", typed::<Placement>),
         ("worker_heartbeat", typed::<WorkerHeartbeat>),
     ]
 }
@@ -216,6 +217,7 @@ fn absent_optionals_are_nil_not_omitted() {
         runtime: "torch".into(),
         profiles: None,
         applied: None,
+        shadow: false,
     }
     .load_request(std::path::Path::new("/cache"));
     load.id = 7;

@@ -17,6 +17,7 @@ use super::fair::{FairQueue, Queued};
 use super::intake::{self, Envelope, Work};
 use super::outcome::Settler;
 use super::parts::{self, Answer, Held, Part};
+use super::shadow::{self, ChampionGate};
 use super::tokens::{self, TokenCounter};
 use super::{TaskStatus, Workers};
 use crate::clock::now_ms;
@@ -56,6 +57,8 @@ pub(super) struct TaskLoop {
     /// or once its base folder has reached the artifact cache (the flag: it was there).
     counter: Option<(Arc<TokenCounter>, bool)>,
     batches: u64,
+    /// A shadow placement's loop runs only while the champion is idle (`shadow.rs`).
+    gate: Option<ChampionGate>,
 }
 
 impl TaskLoop {
@@ -66,6 +69,7 @@ impl TaskLoop {
         settler: Settler,
         placement: watch::Receiver<Placement>,
         status: Arc<TaskStatus>,
+        gate: Option<ChampionGate>,
     ) -> Self {
         Self {
             workers,
@@ -80,6 +84,7 @@ impl TaskLoop {
             queued: 0,
             counter: None,
             batches: 0,
+            gate,
         }
     }
 
@@ -118,6 +123,11 @@ impl TaskLoop {
             );
             self.fill(budget, wait, &stop).await;
             self.fence(serving.epoch);
+            if !self.champion_idle().await {
+                drop(permit); // the runtime's room is the champion's while it works
+                self.yield_to_champion(&stop).await;
+                continue;
+            }
             let batch = self.carry.take_batch(budget);
             if batch.is_empty() {
                 if !self.carry.is_empty() {
@@ -151,6 +161,34 @@ impl TaskLoop {
         for held in distinct(&self.carry.drain()) {
             if let Some(envelope) = held.take() {
                 let _ = envelope.msg.ack_with(AckKind::Nak(None)).await;
+            }
+        }
+    }
+
+    /// Always true for a champion's loop; for a shadow's, whether its champion is idle.
+    async fn champion_idle(&mut self) -> bool {
+        match self.gate.as_mut() {
+            Some(gate) => gate.champion_idle().await,
+            None => true,
+        }
+    }
+
+    /// A shadow's loop while its champion works: waits until the champion is idle, shedding
+    /// the copies whose deadline passes meanwhile (the gateway gives them a short one).
+    async fn yield_to_champion(&mut self, stop: &CancellationToken) {
+        loop {
+            let now = now_ms();
+            for part in self.carry.extract(|part| part.held.is_expired(now)) {
+                if let Some(envelope) = part.held.take() {
+                    self.settler.shed(envelope, "CHAMPION_BUSY").await;
+                }
+            }
+            if self.carry.is_empty() || self.champion_idle().await || stop.is_cancelled() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(shadow::POLL) => {}
+                _ = stop.cancelled() => return,
             }
         }
     }
@@ -422,7 +460,9 @@ impl TaskLoop {
             return;
         }
         let workers = self.workers.clone();
-        match intake::decode_payload(&self.task, &envelope, &workers.payloads).await {
+        // The payload names the task; a shadow's loop runs under `<task>.shadow`.
+        let task = self.placement.borrow().task.clone();
+        match intake::decode_payload(&task, &envelope, &workers.payloads).await {
             Ok((work, payload_ref)) => {
                 let counter = self.counter().await;
                 let (work, counts) = tokens::prepare(&counter, work).await;

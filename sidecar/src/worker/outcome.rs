@@ -48,6 +48,9 @@ pub struct Settler {
     pub nak_delay: Duration,
     /// Where replies above `max_payload` put their embeddings.
     pub payloads: Arc<Payloads>,
+    /// Settles the sampled copies of a shadow placement: whatever cannot run now is shed
+    /// (one `SHADOW_SHED` reply to stream `SAMPLES`, no retry, no dead letter).
+    pub shadow: bool,
 }
 
 impl Settler {
@@ -186,6 +189,9 @@ impl Settler {
     /// Leaves the message in the queue for later (the model is loading, the runtime restarts);
     /// `code` says why, for the metrics.
     pub async fn retry_later(&self, envelope: Envelope, code: &str) {
+        if self.shadow {
+            return self.shed(envelope, code).await;
+        }
         metrics().retries.inc(&[&self.task, code]);
         let delay = self.nak_delay * u32::try_from(envelope.delivered.max(1)).unwrap_or(1);
         self.ack(&envelope, AckKind::Nak(Some(delay))).await;
@@ -213,6 +219,9 @@ impl Settler {
     /// The deadline passed before the request ran: answer DEADLINE_EXCEEDED and drop it. When
     /// an earlier delivery was lost (a worker died or failed), the caller may retry.
     pub async fn expire(&self, envelope: Envelope) {
+        if self.shadow {
+            return self.shed(envelope, Code::DeadlineExceeded.as_str()).await;
+        }
         metrics().expired.inc(&[&self.task]);
         let redelivered = envelope.delivered > 1;
         tracing::info!(request_id = %envelope.request_id, redelivered, "deadline passed before processing");
@@ -229,15 +238,43 @@ impl Settler {
         self.ack(&envelope, AckKind::Term).await;
     }
 
+    /// A shadow copy that will not run (the champion's workers are busy, it waited past its
+    /// deadline, its model is not loaded yet): say so to `SAMPLES` (the control plane counts
+    /// what was shed) and drop it. `why` is the reason's code.
+    pub async fn shed(&self, envelope: Envelope, why: &str) {
+        metrics().shadow_shed.inc(&[&self.task, why]);
+        tracing::debug!(request_id = %envelope.request_id, why, "shadow copy shed");
+        let message = format!("the shadow copy was shed ({why})");
+        let reply = ReplyMessage::error(
+            &envelope.request_id,
+            ErrorBody::new(Code::ShadowShed, &message),
+        );
+        if let Err(e) = self.reply(&envelope, reply).await {
+            tracing::warn!(request_id = %envelope.request_id, error = %e, "shed reply not sent");
+        }
+        self.ack(&envelope, AckKind::Term).await;
+    }
+
     /// A processing failure: retried until the last delivery, then dead-lettered. Payloads
     /// that can never succeed go to the DLQ at once.
     pub async fn fail(&self, envelope: Envelope, error: &Error) {
+        if self.shadow {
+            // The shadow's failure is evidence about the shadow: it goes to SAMPLES as its
+            // reply, and nobody retries a copy.
+            let reply = ReplyMessage::error(&envelope.request_id, error.to_body());
+            if let Err(e) = self.reply(&envelope, reply).await {
+                tracing::warn!(request_id = %envelope.request_id, error = %e, "shadow error reply not sent");
+            }
+            return self.ack(&envelope, AckKind::Term).await;
+        }
         if matches!(error, Error::EngineUnavailable(_)) {
             // The engine behind the http runtime is down for every worker: tell the caller
             // now (retryable, the gateway adds Retry-After) rather than retry until its
             // deadline and answer a bare timeout.
             tracing::warn!(request_id = %envelope.request_id, error = %error, "engine unavailable; answered retryable");
-            metrics().retries.inc(&[&self.task, "RUNTIME_UNAVAILABLE"]);
+            metrics()
+                .retries
+                .inc(&[&self.task, Code::RuntimeUnavailable.as_str()]);
             let reply = ReplyMessage::error(&envelope.request_id, error.to_body());
             if let Err(e) = self.reply(&envelope, reply).await {
                 tracing::warn!(request_id = %envelope.request_id, error = %e, "error reply not sent");
