@@ -392,7 +392,10 @@ mod tests {
         let shadow = stream_config(&streams.shadow);
         assert_eq!(shadow.subjects, ["shadow.>"]);
         assert_eq!(shadow.max_messages_per_subject, 1000);
-        assert_eq!(shadow.discard, async_nats::jetstream::stream::DiscardPolicy::Old);
+        assert_eq!(
+            shadow.discard,
+            async_nats::jetstream::stream::DiscardPolicy::Old
+        );
         assert_eq!(stream_config(&streams.tasks).max_messages_per_subject, -1);
     }
 
