@@ -403,7 +403,11 @@ def _contender(
         else None
     )
     newest = newest_run_row(s, row.id)
-    pairing = Pairing(row, through or (newest.runtime if newest else None) or DEFAULT_RUNTIME, role)
+    ran = newest.runtime if newest else None
+    # A challenger's evidence is stale as what it was last evaluated as: a runtime it is only
+    # asked about (a switch to another runtime) has no evidence yet, not stale evidence.
+    runtime = (ran or through) if role == "challenger" else (through or ran)
+    pairing = Pairing(row, runtime or DEFAULT_RUNTIME, role)
     base = s.get(BaseModelRow, row.base_model_id) if row.base_model_id else None
     adapter = s.get(AdapterRow, row.adapter_id) if row.adapter_id else None
     model = None
