@@ -237,7 +237,9 @@ impl Settler {
             // now (retryable, the gateway adds Retry-After) rather than retry until its
             // deadline and answer a bare timeout.
             tracing::warn!(request_id = %envelope.request_id, error = %error, "engine unavailable; answered retryable");
-            metrics().retries.inc(&[&self.task, "RUNTIME_UNAVAILABLE"]);
+            metrics()
+                .retries
+                .inc(&[&self.task, Code::RuntimeUnavailable.as_str()]);
             let reply = ReplyMessage::error(&envelope.request_id, error.to_body());
             if let Err(e) = self.reply(&envelope, reply).await {
                 tracing::warn!(request_id = %envelope.request_id, error = %e, "error reply not sent");
