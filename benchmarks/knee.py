@@ -46,6 +46,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from benchmarks import knee_sim
 from benchmarks.common import (
     CORPUS,
     QUERIES,
@@ -55,7 +56,8 @@ from benchmarks.common import (
     machine,
     packaged_model,
 )
-from benchmarks.knee_report import MODES, Run, Step, write_report
+from benchmarks.knee_load import MODES, Arrival, Router, schedule
+from benchmarks.knee_report import Run, Step, write_report
 
 REPORT = REPO / "reports" / "serving" / "knee.md"
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -198,6 +200,21 @@ class Fleet:
             out.append(samples)
         return out
 
+    def runtime_calls(self, index: int) -> tuple[float, float]:
+        """Sidecar ``index``'s runtime infer calls so far: (seconds in all, calls)."""
+        import httpx
+
+        text = httpx.get(f"http://{self.sidecars[index].metrics_addr}/metrics", timeout=10).text
+        total = calls = 0.0
+        for line in text.splitlines():
+            if 'op="infer"' in line and line.startswith("taskfleet_sidecar_runtime_seconds_"):
+                name, _, value = line.rpartition(" ")
+                if name.startswith("taskfleet_sidecar_runtime_seconds_sum"):
+                    total += float(value)
+                elif name.startswith("taskfleet_sidecar_runtime_seconds_count"):
+                    calls += float(value)
+        return total, calls
+
     def check_alive(self) -> None:
         for process in self.processes:
             if process.poll() is not None:
@@ -208,83 +225,33 @@ class Fleet:
                 sys.exit(f"error: sidecar {sidecar.worker_id} exited:\n{sidecar.log_tail(30)}")
 
 
-# ---- load --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Arrival:
-    at: float  # seconds after the step starts
-    bulk: bool
-    texts: tuple[int, ...]  # indices into the query pool (one) or the passage pool (bulk)
-
-
-def schedule(
-    rate: float,
-    seconds: float,
-    bulk_share: float,
-    bulk_size: int,
-    pools: tuple[int, int],
-    seed: int,
-) -> list[Arrival]:
-    """Poisson arrivals at ``rate`` per second for ``seconds``, the same list for every mode.
-    Exactly ``rate * seconds`` of them (uniform times, sorted: a Poisson process given its
-    count), so that steps of a few dozen requests offer the rate they name."""
-    rng = random.Random(seed)
-    times = sorted(rng.uniform(0, seconds) for _ in range(round(rate * seconds)))
-    out = []
-    for t in times:
-        bulk = rng.random() < bulk_share
-        if bulk:
-            texts = tuple(rng.randrange(pools[1]) for _ in range(bulk_size))
-        else:
-            texts = (rng.randrange(pools[0]),)
-        out.append(Arrival(t, bulk, texts))
-    return out
-
-
-class Router:
-    """Which task a request is sent to: the shared queue (pull), or one worker's own task."""
-
-    def __init__(self, mode: str, pull_task: str, tasks: list[str]) -> None:
-        self.mode, self.pull_task, self.tasks = mode, pull_task, tasks
-        self.outstanding = [0] * len(tasks)
-        self.turn = 0
-
-    def pick(self) -> int:
-        if self.mode == "pull":
-            return -1
-        n = len(self.tasks)
-        if self.mode == "push-rr":
-            i = self.turn % n
-        else:
-            least = min(self.outstanding)
-            tied = [w for w in range(n) if self.outstanding[w] == least]
-            i = tied[self.turn % len(tied)]
-        self.turn += 1
-        self.outstanding[i] += 1
-        return i
-
-    def task(self, i: int) -> str:
-        return self.pull_task if i < 0 else self.tasks[i]
-
-    def done(self, i: int) -> None:
-        if i >= 0:
-            self.outstanding[i] -= 1
-
-
+# ---- load ----------------------------------------------------------------------------------
 @dataclass
 class Pools:
     queries: list[str]
     passages: list[str]
     query_vectors: np.ndarray
     passage_vectors: np.ndarray
+    # Each text's token length as the runtime counts it (truncated): the simulation's sizes.
+    query_tokens: list[int]
+    passage_tokens: list[int]
 
 
 async def run_step(
-    client: Any, router: Router, arrivals: list[Arrival], pools: Pools, step: Step
+    client: Any,
+    router: Router,
+    tasks: tuple[str, list[str]],
+    arrivals: list[Arrival],
+    pools: Pools,
+    step: Step,
 ) -> None:
+    """Sends ``arrivals`` open-loop to the pull task or the push task the router picks
+    (``tasks``: the pull task, push worker i's task) and records what comes back."""
     import httpx
 
     from serving.client import TaskfleetError
 
+    pull_task, push_tasks = tasks
     loop = asyncio.get_running_loop()
     started = loop.time()
 
@@ -298,7 +265,7 @@ async def run_step(
         worker = router.pick()
         try:
             reply = await client.embed_with_info(
-                router.task(worker),
+                push_tasks[worker] if worker >= 0 else pull_task,
                 texts,
                 kind="passage" if arrival.bulk else "query",
                 timeout_ms=300_000,
@@ -360,13 +327,78 @@ def references(model_path: Path, args: argparse.Namespace) -> Pools:
 
     queries = load_passages(QUERIES, args.query_pool, args.seed)
     passages = load_passages(CORPUS, args.passage_pool, args.seed)
+    from serving.runtime.encoder import Encoder, ModelSpec
+
     model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
+    encoder = Encoder(ModelSpec(base_path=model_path), model=model)
     return Pools(
         queries,
         passages,
         np.asarray(model.encode(queries, batch_size=32), dtype=np.float64),
         np.asarray(model.encode(passages, batch_size=32), dtype=np.float64),
+        encoder.token_lengths(queries),
+        encoder.token_lengths(passages),
     )
+
+
+#: Batches the calibration sends, (questions, passages): lone and batched queries, bulk
+#: requests of several sizes, and mixes, which the fleet's fills form under load.
+CALIBRATION_BATCHES = (
+    (1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (32, 0), (0, 1), (0, 2), (0, 4), (0, 8),
+    (0, 16), (0, 32), (0, 48), (1, 16), (4, 16), (8, 32),
+)  # fmt: skip
+
+
+async def calibrate(fleet: Fleet, pools: Pools, args: argparse.Namespace) -> dict[str, Any]:
+    """Service times for the simulation (benchmarks/knee_sim.py ``Calibration``), measured on
+    this fleet before the steps: batches of known texts sent one at a time to push worker 0
+    (the slow one) and push worker 1, each one request so one runtime call, timed by the
+    sidecar (the change of its runtime-seconds sum); then lone questions to worker 1, whose
+    time from send to reply less that call is the path around the runtime."""
+    from serving.client import AsyncClient
+
+    rng = random.Random(args.seed)
+    plan = [
+        (kind, q, p)
+        for _ in range(args.calibration_repeats)
+        for kind in ("slow", "fast")
+        for q, p in CALIBRATION_BATCHES
+    ]
+    rng.shuffle(plan)  # drift on a shared machine hits every size alike
+    points: dict[str, list[tuple[list[int], float]]] = {"slow": [], "fast": []}
+    path: list[float] = []
+    async with AsyncClient(fleet.url, timeout_s=600, max_retries=0) as client:
+
+        async def timed(kind: str, questions: list[int], passages: list[int]) -> float:
+            worker = 0 if kind == "slow" else 1
+            index = fleet.workers + worker  # push worker i
+            before = fleet.runtime_calls(index)
+            texts = [pools.queries[i] for i in questions] + [pools.passages[i] for i in passages]
+            started = time.perf_counter()
+            await client.embed(fleet.tasks[worker], texts, kind="passage", timeout_ms=300_000)
+            took = time.perf_counter() - started
+            after = fleet.runtime_calls(index)
+            if after[1] - before[1] != 1:
+                raise RuntimeError(f"expected one runtime call, saw {after[1] - before[1]:g}")
+            seconds = after[0] - before[0]
+            lengths = [pools.query_tokens[i] for i in questions]
+            points[kind].append((lengths + [pools.passage_tokens[i] for i in passages], seconds))
+            return took - seconds
+
+        for kind, q, p in plan:
+            await timed(
+                kind,
+                rng.sample(range(len(pools.queries)), q),
+                [rng.randrange(len(pools.passages)) for _ in range(p)],
+            )
+        for _ in range(args.calibration_repeats * 10):
+            path.append(await timed("fast", [rng.randrange(len(pools.queries))], []))
+    return {
+        "points": points,
+        "path_s": float(np.median(path)),
+        "query_tokens": pools.query_tokens,
+        "passage_tokens": pools.passage_tokens,
+    }
 
 
 async def wait_ready(fleet: Fleet, timeout_s: float) -> None:
@@ -411,9 +443,10 @@ async def sweep(fleet: Fleet, pools: Pools, args: argparse.Namespace) -> list[St
             for mode in list(active):
                 fleet.check_alive()
                 step = Step(mode, rate, args.step_seconds, load=os.getloadavg()[0])
-                router = Router(mode, fleet.pull_task, fleet.tasks)
+                router = Router(mode, len(fleet.tasks))
                 before = profile(fleet)
-                await run_step(client, router, arrivals, pools, step)
+                tasks = (fleet.pull_task, fleet.tasks)
+                await run_step(client, router, tasks, arrivals, pools, step)
                 after = profile(fleet)
                 step.cpu_s, step.worker_replies, step.worker_tokens = (
                     [x[i] - y[i] for i in fleet.group(mode)]
@@ -460,6 +493,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(default: none, the product's defaults)",
     )
     parser.add_argument("--modes", default=",".join(MODES), type=lambda s: s.split(","))
+    parser.add_argument(
+        "--calibration-repeats",
+        type=int,
+        default=3,
+        help="times each calibration batch is measured on each kind of worker",
+    )
+    parser.add_argument(
+        "--sim-workers",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[4, 16, 64, 256],
+        help="fleet sizes the simulation finds the knee at (comma-separated)",
+    )
+    parser.add_argument(
+        "--sim-slowest",
+        type=float,
+        default=3.0,
+        help="the simulated fleets' speeds spread evenly from 1x to this",
+    )
+    parser.add_argument("--sim-seeds", type=int, default=3, help="arrival processes per knee")
     parser.add_argument("--query-pool", type=int, default=64)
     parser.add_argument("--passage-pool", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
@@ -487,7 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         raw = json.loads(args.from_json.read_text())
         run = Run(**{**raw, "steps": [Step(**step) for step in raw["steps"]]})
-        write_report(run, parse_args(run.argv), args.report_path)
+        measured = parse_args(run.argv)
+        measured.sim_workers, measured.sim_seeds = args.sim_workers, args.sim_seeds
+        measured.sim_slowest = args.sim_slowest
+        write_report(run, measured, args.report_path, simulated(run, measured, args.report_path))
         return 0
     model_path = args.model or packaged_model()
     command = f".venv/bin/python -m benchmarks.knee {shlex.join(given)}".rstrip()
@@ -502,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             fleet.start()
             print(f"fleet at {fleet.url}; push tasks {fleet.tasks}", flush=True)
             asyncio.run(wait_ready(fleet, 300))
+            print("calibrating the simulation's service times ...", flush=True)
+            calibration = asyncio.run(calibrate(fleet, pools, args))
             steps = asyncio.run(sweep(fleet, pools, args))
             misplaced = check_placement(fleet)
         finally:
@@ -515,18 +572,40 @@ def main(argv: list[str] | None = None) -> int:
         tasks=fleet.tasks,
         misplaced=misplaced,
         steps=steps,
+        calibration=calibration,
     )
     if args.report:
         args.report_path.parent.mkdir(parents=True, exist_ok=True)
         raw = {**asdict(run), "steps": [asdict(step) for step in steps]}
         args.report_path.with_suffix(".json").write_text(json.dumps(raw) + "\n")
-        write_report(run, args, args.report_path)
+        write_report(run, args, args.report_path, simulated(run, args, args.report_path))
     bad = [s for s in steps if s.wrong or s.answered != s.sent]
     if misplaced:
         print(f"error: tasks answered by other workers: {misplaced}", file=sys.stderr)
     if bad:
         print(f"error: wrong or unanswered replies in {len(bad)} step(s)", file=sys.stderr)
     return 1 if bad or misplaced else 0
+
+
+def simulated(run: Run, args: argparse.Namespace, report: Path) -> list[str]:
+    """The report's simulation section: this run replayed, then fleets of --sim-workers."""
+    pools = (args.query_pool, args.passage_pool)
+
+    def arrivals(index: int, rate: float) -> list[Arrival]:
+        return schedule(
+            rate, args.step_seconds, args.bulk_share, args.bulk_size, pools,
+            seed=args.seed * 1000 + index,
+        )  # fmt: skip
+
+    started = time.monotonic()
+    lines = knee_sim.section(
+        run.calibration, run.steps, args, arrivals, report.with_name(f"{report.stem}-scale.png"),
+        knee_sim.ScaleSettings(
+            tuple(args.sim_workers), args.sim_slowest, tuple(range(args.sim_seeds))
+        ),
+    )  # fmt: skip
+    print(f"simulation: {time.monotonic() - started:.0f} s", flush=True)
+    return lines
 
 
 def check_placement(fleet: Fleet) -> list[str]:

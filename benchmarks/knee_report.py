@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("pull", "push-rr", "push-lo")
+from benchmarks.knee_load import MODES
 
 
 @dataclass
@@ -90,9 +90,16 @@ class Run:
     tasks: list[str]
     misplaced: list[str]
     steps: list[Step]
+    #: Service times measured for the simulation (benchmarks/knee_sim.py ``Calibration``);
+    #: absent from runs made before it.
+    calibration: dict[str, Any] | None = None
 
 
-def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
+def write_report(
+    run: Run, args: argparse.Namespace, path: Path, simulation: list[str] | None = None
+) -> None:
+    """The report at ``path`` (+ PNG); ``simulation``: the lines of the simulated fleets'
+    section (benchmarks/knee_sim.py ``section``), placed after the real run's result."""
     steps, misplaced = run.steps, run.misplaced
     bound = args.p99_bound_s
     knees = {mode: knee(steps, mode, bound) for mode in args.modes}
@@ -145,6 +152,8 @@ def write_report(run: Run, args: argparse.Namespace, path: Path) -> None:
             p, q = rate.get("pull"), rate.get(push)
             cells.append(f"{p / q:.2f}x" if p and q else "-")
         lines.append(f"| {b:g} s | " + " | ".join(cells) + " |")
+    if simulation:
+        lines += ["", *simulation]
     f = args.slow_factor
     lines += [
         "",

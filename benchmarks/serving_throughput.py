@@ -69,9 +69,14 @@ def start_stack(
     cport: int,
     extra_env: dict[str, str],
     variant: str | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`taskfleet up` serving TASK with MiniLM, or with its ``variant`` (onnx, onnx-int8)."""
+    """`taskfleet up` serving TASK with MiniLM, or with its ``variant`` (onnx, onnx-int8);
+    ``profile``: runtime settings recorded as MiniLM's profile for this machine class (what
+    `taskfleet tune` records), so the worker applies them."""
     from registry import Registry
+    from registry import entities as e
+    from serving.machine import machine_class
     from taskfleet.suite_registration import ensure_suite
     from taskfleet.variant_builder import build_variant
 
@@ -91,6 +96,14 @@ def start_stack(
     # No eval run in a throughput benchmark: an admin override places it, pinned; the running
     # publisher publishes it.
     reg.promote(TASK, candidate.name, override=True, reason="throughput benchmark", pinned=True)
+    if profile:
+        reg.record_profile(
+            e.ProfileCreate(
+                model="minilm", machine_class=machine_class(),
+                settings=e.RuntimeSettings(**profile), task=TASK, p99_bound_ms=0.0,
+                throughput=0.0, default_throughput=0.0,
+            )
+        )  # fmt: skip
     reg.close()
     env = {**os.environ, "PYTHONPATH": str(REPO), **extra_env}
     env.pop("TASKFLEET_NATS_URL", None)

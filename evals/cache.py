@@ -35,6 +35,13 @@ CREATE TABLE IF NOT EXISTS encode_cost (
     latency_p95_ms REAL NOT NULL,
     recorded_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS encode_resources (
+    namespace TEXT PRIMARY KEY,
+    items INTEGER NOT NULL,
+    cpu_seconds REAL NOT NULL,
+    peak_bytes INTEGER NOT NULL,
+    recorded_at REAL NOT NULL
+);
 """
 
 
@@ -133,3 +140,19 @@ class EmbeddingCache:
             (ns,),
         ).fetchone()
         return CachedCost(*row) if row else None
+
+    def record_resources(self, ns: str, items: int, cpu_seconds: float, peak_bytes: int) -> None:
+        """CPU and peak memory of the run that last encoded ``items`` texts of ``ns``
+        (evals/cost.py), reported again by runs that find everything cached."""
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO encode_resources VALUES (?, ?, ?, ?, ?)",
+                (ns, items, cpu_seconds, peak_bytes, time.time()),
+            )
+
+    def last_resources(self, ns: str) -> tuple[int, float, int] | None:
+        row = self._db.execute(
+            "SELECT items, cpu_seconds, peak_bytes FROM encode_resources WHERE namespace = ?",
+            (ns,),
+        ).fetchone()
+        return (int(row[0]), float(row[1]), int(row[2])) if row else None

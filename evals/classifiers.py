@@ -1,8 +1,10 @@
 """Classification candidates: predict one label per text (the ``classification`` suite kind).
 
 - ``MajorityClass`` — the most frequent training label for everything (the floor);
-- ``TfidfLogisticRegression`` — the lexical baseline: TF-IDF over word 1-2 grams (sublinear tf)
-  and a class-balanced logistic regression, fitted on the suite's training split at eval time;
+- ``BaselineClassifier`` — the lexical baseline: a fitted ``tfidf-lr`` artifact (TF-IDF over
+  word 1-2 grams, sublinear tf, and a class-balanced logistic regression; evals/baselines.py fits
+  it on the suite's training split) run by serving/runtime/lexical.py, as the runtime serves it;
+  ``TfidfLogisticRegression`` fits one at eval time for a candidate registered without one;
 - ``ModelClassifier`` — an embedding model with a ``classify`` head (logistic regression on
   frozen embeddings, or a fine-tuned LoRA + head), through serving/runtime's ``Classifier``:
   what is evaluated is what is served.
@@ -10,13 +12,16 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from evals.classification_data import ClassificationSplit
+from evals.cost import metered
 from evals.errors import CandidateError
 from evals.harness import ClassificationOutput
 from evals.retrievers import ProgressFn, measured_cost, no_progress
@@ -42,7 +47,52 @@ class MajorityClass:
         return ClassificationOutput([best] * len(data.ids), cost={})
 
 
+class BaselineClassifier:
+    """A fitted ``tfidf-lr`` artifact folder, loaded and run by serving/runtime's code: the
+    probabilities the eval scores are the ones the runtime's ``classify`` answers."""
+
+    needs_training_split = False
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def classify(
+        self,
+        data: ClassificationSplit,
+        train: ClassificationSplit | None,
+        progress: ProgressFn = no_progress,
+    ) -> ClassificationOutput:
+        from serving.runtime.baseline_artifact import BaselineError, load_baseline
+        from serving.runtime.lexical import TfidfLogReg
+
+        with metered() as usage:
+            try:
+                model = load_baseline(self.folder)
+            except BaselineError as exc:
+                raise CandidateError(str(exc)) from None
+            if not isinstance(model, TfidfLogReg):
+                raise CandidateError(f"{self.folder} is not a tfidf-lr artifact")
+            unknown = sorted(set(model.labels) - set(data.label_names))
+            if unknown:
+                raise CandidateError(
+                    f"the tfidf-lr artifact predicts label(s) the suite does not declare: "
+                    f"{', '.join(unknown)}"
+                )
+            started = time.perf_counter()
+            probabilities = model.predict_proba(data.texts)
+            seconds = time.perf_counter() - started
+        progress("items", len(data.ids), len(data.ids))
+        predictions = [model.labels[i] for i in np.argmax(probabilities, axis=1)]
+        cost = {"items_per_s": len(data.ids) / seconds if seconds > 0 else 0.0}
+        cost.update(usage.figures(len(data.ids)))
+        return ClassificationOutput(predictions, cost=cost)
+
+
 class TfidfLogisticRegression:
+    """The lexical baseline of a candidate registered without an artifact: fitted on the
+    suite's training split at eval time into a temporary artifact, then scored as
+    ``BaselineClassifier`` (the same code a placed artifact runs)."""
+
     needs_training_split = True
 
     def __init__(self, *, c: float = 1.0, seed: int = 0) -> None:
@@ -55,29 +105,14 @@ class TfidfLogisticRegression:
         train: ClassificationSplit | None,
         progress: ProgressFn = no_progress,
     ) -> ClassificationOutput:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
+        from evals.baselines import fit_tfidf_lr
 
         assert train is not None
-        pipeline = make_pipeline(
-            TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
-            LogisticRegression(
-                C=self.c, class_weight="balanced", max_iter=2000, random_state=self.seed
-            ),
-        )
-        started = time.perf_counter()
-        pipeline.fit(train.texts, train.labels)
-        fit_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        predictions = [str(p) for p in pipeline.predict(data.texts)]
-        seconds = time.perf_counter() - started
-        progress("items", len(data.ids), len(data.ids))
-        cost = {
-            "items_per_s": len(data.ids) / seconds if seconds > 0 else 0.0,
-            "fit_seconds": fit_seconds,
-        }
-        return ClassificationOutput(predictions, cost=cost)
+        with tempfile.TemporaryDirectory(prefix="taskfleet-tfidf-") as tmp:
+            manifest = fit_tfidf_lr(train, Path(tmp) / "tfidf-lr", c=self.c, seed=self.seed)
+            output = BaselineClassifier(Path(tmp) / "tfidf-lr").classify(data, None, progress)
+        output.cost["fit_seconds"] = float(manifest["fitted_on"]["fit_seconds"])
+        return output
 
 
 class ModelClassifier:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from evals.beir import RetrievalSplit
 from evals.classification_data import ClassificationSplit
+from evals.cost import Usage, add_runtime, metered
 from evals.errors import CandidateError, SplitLeakError, SuiteDataError
 from evals.ranking_metrics import max_depth, mean_scores, per_query_scores
 from evals.readers import SuiteData
@@ -186,14 +187,20 @@ def score(
         "main_metric": suite.main_metric,
     }
     if isinstance(data, ClassificationSplit):
-        output = candidate.classify(data, train, progress)  # type: ignore[union-attr]
+        with metered() as usage:
+            output = candidate.classify(data, train, progress)  # type: ignore[union-attr]
+        _default_resources(output.cost, usage, candidate, len(data.ids))
         return _classification_result(head, suite, data, output, sample, resamples, seed, started)
-    if isinstance(data, RerankSplit):
-        ranked = candidate.rerank(data, progress)  # type: ignore[union-attr]
-        qrels, count = data.qrels, len(data.queries)
-    else:
-        ranked = candidate.retrieve(data, max_depth(suite.metrics), progress)  # type: ignore[union-attr]
-        qrels, count = data.qrels, len(data.queries)
+    with metered() as usage:
+        if isinstance(data, RerankSplit):
+            ranked = candidate.rerank(data, progress)  # type: ignore[union-attr]
+            items = data.pairs
+        else:
+            k = max_depth(suite.metrics)
+            ranked = candidate.retrieve(data, k, progress)  # type: ignore[union-attr]
+            items = len(data.queries)
+    _default_resources(ranked.cost, usage, candidate, items)
+    qrels, count = data.qrels, len(data.queries)
     per_query = per_query_scores(ranked.results, qrels, suite.metrics)
     ci: dict[str, tuple[float, float]] = {}
     for name, values in per_query.items():
@@ -211,6 +218,18 @@ def score(
         warnings=list(data.warnings) + list(ranked.warnings),
         wall_seconds=time.perf_counter() - started,
     )
+
+
+def _default_resources(cost: dict[str, float], usage: Usage, candidate: object, items: int) -> None:
+    """CPU per item and peak memory of the whole candidate call (and of a runtime process it
+    drove), unless the candidate measured the serving part itself (a dense retriever counts
+    its encoding only, a baseline its predictions, not a fit)."""
+    if "cpu_ms_per_item" in cost:
+        return
+    pid = getattr(candidate, "runtime_pid", None)
+    if pid:
+        add_runtime(usage, pid)
+    cost.update(usage.figures(items))
 
 
 def classification_scores(

@@ -1,4 +1,5 @@
-"""Markdown and PNG reports of eval runs: one run, or a task's leaderboard.
+"""Markdown and PNG reports of eval runs: one run, or a task's leaderboard with its cost
+columns and a quality-vs-cost chart.
 
 Works on anything shaped like an eval run (the registry's ``EvalRun`` or the harness's
 ``EvalResult``), so reports need no database.
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from registry.costs import DEFAULT_CPU_HOUR_PRICE, Cost, serving_cost
 
 
 class ScoredRun(Protocol):
@@ -87,20 +90,30 @@ def run_markdown(task: str, candidate: str, run: ScoredRun) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _serving_cost(
+    name: str, run: ScoredRun, endpoint_prices: Mapping[str, float] | None
+) -> Cost | None:
+    price = (endpoint_prices or {}).get(name)
+    return serving_cost(run.cost, endpoint_price_per_million=price)
+
+
 def leaderboard_markdown(
     task: str,
     runs: Mapping[str, ScoredRun],
     *,
     title_note: str = "",
     extra_lines: Sequence[str] = (),
+    endpoint_prices: Mapping[str, float] | None = None,
 ) -> str:
-    """A table of candidates sorted by the main metric (CIs in brackets), with cost."""
+    """A table of candidates sorted by the main metric (CIs in brackets), with cost: what
+    serving costs (CPU per item, peak memory, price per million items) and the throughput
+    measured."""
     ordered = sorted(runs.items(), key=lambda kv: -kv[1].metrics[kv[1].main_metric])
     metrics: list[str] = []
     for _, run in ordered:
         metrics += [m for m in run.metrics if m not in metrics]
-    header = ["rank", "candidate", *metrics, "items/s", "tokens/s", "p50 ms", "p95 ms"]
-    header += ["items", "wall s"]
+    header = ["rank", "candidate", *metrics, "CPU ms/item", "peak MB", "$/1M items"]
+    header += ["items/s", "tokens/s", "p50 ms", "p95 ms", "items", "wall s"]
     lines = [f"# Leaderboard: {task}", ""]
     if title_note:
         lines += [title_note, ""]
@@ -108,6 +121,16 @@ def leaderboard_markdown(
     for rank, (name, run) in enumerate(ordered, start=1):
         cost = run.cost
         row = [str(rank), f"`{name}`", *[_fmt_ci(run, m) for m in metrics]]
+        serving = _serving_cost(name, run, endpoint_prices)
+        row += (
+            [
+                f"{serving.cpu_ms_per_item:.3g}",
+                f"{serving.peak_memory_mb:.0f}" if serving.peak_memory_mb is not None else "-",
+                f"{serving.price_per_million:.3g}",
+            ]
+            if serving
+            else ["-", "-", "-"]
+        )
         row += [
             f"{cost.get('items_per_s', 0.0):.1f}",
             f"{cost.get('tokens_per_s', 0.0):.0f}",
@@ -121,9 +144,12 @@ def leaderboard_markdown(
     lines += [
         "",
         f"Main metric: `{main}`. Brackets: 95% percentile bootstrap CI over queries or items "
-        "(1000 resamples, seed 0; macro-F1 recomputed per resample). Cost: encoded items/s and "
-        "tokens/s, per-batch latency (for a fully cached run, the cost measured when its "
-        "vectors were encoded).",
+        "(1000 resamples, seed 0; macro-F1 recomputed per resample). Cost: CPU milliseconds per "
+        "item and peak memory of the serving work on the runtime that would serve it "
+        "(evals/cost.py), and the price of a million items at "
+        f"${DEFAULT_CPU_HOUR_PRICE:g} per CPU-hour plus an endpoint's own price "
+        "(registry/costs.py); encoded items/s and tokens/s, per-batch latency (for a fully "
+        "cached run, the cost measured when its vectors were encoded).",
         f"Generated {datetime.now().astimezone():%Y-%m-%d %H:%M %Z} on {machine_description()}.",
         *extra_lines,
     ]
@@ -171,6 +197,43 @@ def leaderboard_chart(task: str, runs: Mapping[str, ScoredRun], path: Path) -> P
     return path
 
 
+def quality_cost_chart(
+    task: str,
+    runs: Mapping[str, ScoredRun],
+    path: Path,
+    endpoint_prices: Mapping[str, float] | None = None,
+) -> Path:
+    """Main metric (95% CI) against the price of a million items (log scale), one point per
+    candidate whose run measured its cost: the cheap-and-good corner is top left."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for name, run in runs.items():
+        serving = _serving_cost(name, run, endpoint_prices)
+        if serving is not None:
+            value = run.metrics[run.main_metric]
+            low, high = run.ci.get(run.main_metric, (value, value))
+            points.append((name, max(serving.price_per_million, 1e-6), value, low, high))
+    main = next(iter(runs.values())).main_metric if runs else "score"
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for name, price, value, low, high in points:
+        ax.errorbar([price], [value], yerr=[[value - low], [high - value]], fmt="o", capsize=4)
+        ax.annotate(name, (price, value), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"USD per 1M items (CPU at ${DEFAULT_CPU_HOUR_PRICE:g}/CPU-hour, log scale)")
+    ax.set_ylabel(f"{main} (95% bootstrap CI)")
+    ax.set_title(f"{task}: quality vs cost" + ("" if points else " (no run measured its cost)"))
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_leaderboard(
     task: str,
     runs: Mapping[str, ScoredRun],
@@ -178,15 +241,24 @@ def write_leaderboard(
     *,
     title_note: str = "",
     extra_lines: Sequence[str] = (),
+    endpoint_prices: Mapping[str, float] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``leaderboard.md`` and ``leaderboard.png`` under out_dir."""
+    """Write ``leaderboard.md``, ``leaderboard.png`` and ``quality-cost.png`` under out_dir."""
     if not runs:
         raise ValueError(f"task {task!r} has no eval runs to report")
     out_dir.mkdir(parents=True, exist_ok=True)
     png = leaderboard_chart(task, runs, out_dir / "leaderboard.png")
-    text = leaderboard_markdown(task, runs, title_note=title_note, extra_lines=extra_lines)
+    quality_cost_chart(task, runs, out_dir / "quality-cost.png", endpoint_prices)
+    text = leaderboard_markdown(
+        task,
+        runs,
+        title_note=title_note,
+        extra_lines=extra_lines,
+        endpoint_prices=endpoint_prices,
+    )
     md = out_dir / "leaderboard.md"
-    md.write_text(text + "\n![leaderboard](leaderboard.png)\n", encoding="utf-8")
+    charts = "\n![leaderboard](leaderboard.png)\n\n![quality vs cost](quality-cost.png)\n"
+    md.write_text(text + charts, encoding="utf-8")
     return md, png
 
 

@@ -8,8 +8,6 @@ scores a sentence-transformers model.
 
 from __future__ import annotations
 
-import functools
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ import numpy as np
 
 from evals.beir import RetrievalSplit
 from evals.cache import CachedCost, EmbeddingCache, namespace, text_key
+from evals.cost import Usage, add_runtime, metered, process_cpu_seconds
 
 if TYPE_CHECKING:
     from serving.runtime.encoder import EncodeStats, ModelSpec, TextKind
@@ -71,6 +70,9 @@ class DenseRetriever:
         self.runtime = runtime
         self._encoder: TextEncoder | None = None
         self._namespace: str | None = None
+        # What encoding cost so far (evals/cost.py), over ``_encoded`` texts.
+        self._usage = Usage()
+        self._encoded = 0
 
     @property
     def runtime_kind(self) -> str:
@@ -117,19 +119,42 @@ class DenseRetriever:
         hits = len(texts) - len(missing)
         progress(kind, hits, len(texts))
         if missing:
-            encoder = self._load()
-            todo = [texts[i] for i in missing]
-            for indices, vectors, batch_stats in encoder.iter_batches(todo, kind):
-                self.cache.put_many(
-                    self.namespace,
-                    ((keys[missing[i]], v) for i, v in zip(indices, vectors, strict=True)),
-                )
-                for i, v in zip(indices, vectors, strict=True):
-                    found[keys[missing[i]]] = v
-                stats.add(batch_stats)
-                progress(kind, len(indices), len(texts))
+            pid = getattr(self._encoder, "runtime_pid", None)
+            runtime_cpu = process_cpu_seconds(pid) if pid else 0.0
+            with metered() as usage:
+                encoder = self._load()
+                todo = [texts[i] for i in missing]
+                for indices, vectors, batch_stats in encoder.iter_batches(todo, kind):
+                    self.cache.put_many(
+                        self.namespace,
+                        ((keys[missing[i]], v) for i, v in zip(indices, vectors, strict=True)),
+                    )
+                    for i, v in zip(indices, vectors, strict=True):
+                        found[keys[missing[i]]] = v
+                    stats.add(batch_stats)
+                    progress(kind, len(indices), len(texts))
+            pid = getattr(encoder, "runtime_pid", None)
+            if pid:
+                add_runtime(usage, pid, runtime_cpu)
+            self._usage.cpu_seconds += usage.cpu_seconds
+            self._usage.peak_bytes = max(self._usage.peak_bytes, usage.peak_bytes)
+            self._encoded += len(missing)
         matrix = np.stack([found[k] for k in keys]).astype(np.float32)
         return matrix, hits
+
+    def resource_figures(self) -> dict[str, float]:
+        """CPU per text encoded and peak memory of this retriever's encoding, recorded in the
+        cache; a run that encoded nothing reports the figures of the run that did."""
+        if self._encoded:
+            self.cache.record_resources(
+                self.namespace, self._encoded, self._usage.cpu_seconds, self._usage.peak_bytes
+            )
+            return self._usage.figures(self._encoded)
+        previous = self.cache.last_resources(self.namespace)
+        if previous is None:
+            return {}
+        items, cpu_seconds, peak_bytes = previous
+        return Usage(cpu_seconds, peak_bytes).figures(items)
 
     def retrieve(
         self, data: RetrievalSplit, k: int, progress: ProgressFn = no_progress
@@ -173,6 +198,7 @@ class DenseRetriever:
             measured = previous or CachedCost(0, 0, 0.0, 0.0, 0.0)
             cost["cost_from_cache"] = 1.0
         cost.update(cost_figures(measured))
+        cost.update(self.resource_figures())
         return RetrievalOutput(results=results, cost=cost)
 
 
@@ -199,27 +225,20 @@ def cost_figures(cost: CachedCost) -> dict[str, float]:
     }
 
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
-@functools.cache
-def german_stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_GERMAN
-
-    return frozenset(STOPWORDS_GERMAN)
-
-
 def tokenize_german(text: str) -> list[str]:
     """Lowercase, runs of Unicode word characters (umlauts and ß kept, '§' dropped), minus
-    bm25s's German stopword list.
+    bm25s's German stopword list (``serving.runtime.lexical.tokenize_words``, which the served
+    BM25 baseline runs too).
 
     Stopwords matter here: lay questions are long (median ~1,100 characters) and full of
     "ich", "und", "der", and BM25 adds every query occurrence, so they drown the content words
     (GerLayQA eval nDCG@10: 0.050 with them, 0.068 without). No stemming: German
     decompounding/stemming is a modelling choice of its own, kept out of the baseline.
     """
-    stop = german_stopwords()
-    return [w for w in _WORD.findall(text.lower()) if w not in stop]
+    from evals.baselines import german_stopwords
+    from serving.runtime.lexical import tokenize_words
+
+    return tokenize_words(text, german_stopwords())
 
 
 class BM25Retriever:

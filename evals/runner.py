@@ -12,12 +12,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evals.cache import EmbeddingCache
-from evals.classifiers import MajorityClass, ModelClassifier, TfidfLogisticRegression
+from evals.classifiers import (
+    BaselineClassifier,
+    MajorityClass,
+    ModelClassifier,
+    TfidfLogisticRegression,
+)
 from evals.errors import CandidateError, EvalError, EvalInterrupted
 from evals.harness import Candidate, EvalResult, evaluate
 from evals.provenance import code_version
 from evals.report import run_markdown
-from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, dense_for_rerank
+from evals.rerankers import (
+    BaselineReranker,
+    BM25Reranker,
+    CrossEncoderReranker,
+    RandomReranker,
+    dense_for_rerank,
+)
 from evals.retrievers import BM25Retriever, DenseRetriever, ProgressFn, no_progress
 from evals.suites import RERANK, SuiteSpec, spec_from_record
 from evals.tracking import log_eval_run, per_class_metric
@@ -92,7 +103,12 @@ def resolve_candidate(
     }
     if candidate.kind in baselines:
         if runtime is not None and runtime.kind != "torch":
-            raise CandidateError(f"a {candidate.kind} candidate has no model to run on a runtime")
+            raise CandidateError(
+                f"a {candidate.kind} candidate runs in the Python runtime (torch) only, not "
+                f"{runtime.kind}"
+            )
+        if candidate.base_model is not None:
+            return _fitted_baseline(reg, candidate, suite)
         baseline, fitted_on = baselines[candidate.kind]
         return ResolvedCandidate(baseline, None, None, fitted_on)
     if candidate.base_model is None:
@@ -111,7 +127,7 @@ def resolve_candidate(
         adapter_path = reg.adapter_path(adapter.name)
         adapter_fp = adapter.sha256
         trained_on = [(a.training.suite, a.training.train_split) for a in reg.lineage(adapter.name)]
-    elif candidate.kind != "embedding":
+    elif candidate.kind != "embedding" and base.format != "endpoint":
         raise CandidateError(
             f"candidate {candidate.name!r}: scoring a {candidate.kind} without a taskfleet "
             "adapter (a Hugging Face cross-encoder or classifier base) is not supported yet"
@@ -125,6 +141,8 @@ def resolve_candidate(
             adapter=candidate.adapter,
             task_kind=reg.get_task(candidate.task).kind,
             variant=base.variant,
+            model_format=base.format,
+            endpoint_kind=(base.endpoint or {}).get("kind"),
         )
     except RegistryError as exc:
         raise CandidateError(str(exc)) from None
@@ -136,11 +154,11 @@ def resolve_candidate(
     )
     built: Candidate
     if candidate.kind == "cross-encoder":
-        built = CrossEncoderReranker(spec)
+        built = CrossEncoderReranker(spec, runtime=runtime)
     elif candidate.kind == "classifier":
         built = ModelClassifier(spec)
     elif suite.kind == RERANK:
-        built = dense_for_rerank(spec, base.sha256, adapter_fp, cache)
+        built = dense_for_rerank(spec, base.sha256, adapter_fp, cache, runtime)
     else:
         built = DenseRetriever(
             spec,
@@ -150,6 +168,30 @@ def resolve_candidate(
             runtime=runtime,
         )
     return ResolvedCandidate(built, base.sha256, adapter_fp, trained_on, kind)
+
+
+def _fitted_baseline(
+    reg: EvalStore, candidate: CandidateRecord, suite: SuiteSpec
+) -> ResolvedCandidate:
+    """A tfidf-lr or bm25 candidate on its own fitted artifact: scored by the code the Python
+    runtime serves it with; the split it was fitted on (its manifest says) is never scored."""
+    from serving.runtime.baseline_artifact import BaselineError, read_manifest
+
+    assert candidate.base_model is not None
+    base = reg.get_model(candidate.base_model)
+    if base.format != candidate.kind:
+        raise CandidateError(f"model {base.name!r} is not a fitted {candidate.kind} artifact")
+    folder = reg.model_path(base.name)
+    try:
+        fitted_on = read_manifest(folder).get("fitted_on", {})
+    except BaselineError as exc:
+        raise CandidateError(str(exc)) from None
+    split = fitted_on.get("split")
+    trained_on = [(fitted_on.get("suite"), split)] if split and split != "corpus" else []
+    built: Candidate = (
+        BaselineClassifier(folder) if candidate.kind == "tfidf-lr" else BaselineReranker(folder)
+    )
+    return ResolvedCandidate(built, base.sha256, None, trained_on, "torch")
 
 
 def run_eval(

@@ -89,6 +89,7 @@ def finetune_lora(
         ),
     )
     model = reg.get_model(request.base)
+    _check_trainable(model.name, model.format)
     base_path = reg.model_path(model.name)
     parent_path = _check_parent(reg, request)
     hp = request.hyperparameters
@@ -249,6 +250,7 @@ def finetune_head(
         raise FinetuneError("--c must be > 0")
     suite = task_suite(reg, task.name, EvalPaths(cache_dir=Path("."), data_root=request.data_root))
     model = reg.get_model(request.base)
+    _check_trainable(model.name, model.format)
     name = request.name or default_adapter_name(task.name).replace("-lora-", "-head-")
     _check_name_free(reg, name)
     phase("data", f"suite {suite.name} ({suite.kind})")
@@ -379,3 +381,15 @@ def tmp_cache() -> str:
 
 def default_adapter_name(task: str) -> str:
     return f"{task}-lora-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_trainable(model: str, model_format: str | None) -> None:
+    """A LoRA or a head needs weights to train on: an endpoint model (behind an API) or a fitted
+    lexical baseline has none, so it is refused before any data is read."""
+    from registry.adapters import refuse_derived_work
+    from registry.errors import InvalidInput
+
+    try:
+        refuse_derived_work(model, model_format, "adapters or heads")
+    except InvalidInput as exc:
+        raise FinetuneError(str(exc)) from None

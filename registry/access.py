@@ -21,7 +21,7 @@ from registry.fingerprint import link_fence
 from registry.promotions import PROMOTE_ROLES
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
-from registry.store import VariantBuilder
+from registry.store import BaselineBuilder, VariantBuilder
 from registry.throttle import LoginThrottle
 
 CONTROL_ROLES = ("viewer", "promoter", "admin")
@@ -92,6 +92,7 @@ class ControlPlane:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     read_suite: SuiteReader | None = None  # reads suite folders for POST /api/v1/suites
     build_variant: VariantBuilder | None = None  # builds `variant` candidates (POST candidates)
+    fit_baseline: BaselineBuilder | None = None  # fits servable tfidf-lr / bm25 candidates
     # Folders REST may register base models and adapters from (TASKFLEET_MODEL_ROOTS); none:
     # REST registers models by package only. The CLI acts as a local admin and is not bound.
     model_roots: tuple[Path, ...] = ()

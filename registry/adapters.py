@@ -42,6 +42,7 @@ class AdapterRepository:
             if s.scalar(select(AdapterRow).where(AdapterRow.name == name)):
                 raise AlreadyExists(f"adapter {name!r} already exists")
             base_row = get_model_row(s, base)
+            refuse_derived_work(base_row.name, base_row.format, "adapters")
             if parent is not None:
                 parent_row = get_adapter_row(s, parent)
                 if parent_row.base_model_id != base_row.id:
@@ -122,3 +123,17 @@ def _check_acyclic(s: Session, row: AdapterRow) -> None:
         seen.add(parent_id)
         parent = s.get(AdapterRow, parent_id)
         parent_id = parent.parent_id if parent else None
+
+
+def refuse_derived_work(model: str, model_format: str | None, what: str) -> None:
+    """LoRA adapters, task heads and variants need weights: an endpoint model (behind an API)
+    or a fitted lexical baseline has none to train or export."""
+    if model_format == "endpoint":
+        raise InvalidInput(
+            f"model {model!r} is an endpoint model: {what} (LoRA, heads, variants) cannot be put "
+            "on a model behind an API"
+        )
+    if model_format is not None:
+        raise InvalidInput(
+            f"model {model!r} is a fitted {model_format} baseline: it takes no {what}"
+        )

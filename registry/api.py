@@ -8,18 +8,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 
 from httpapi.docs import mount_docs
 from httpapi.handlers import ERROR_RESPONSES, BodyLimit, install_error_handlers
+from httpapi.scrape import check_scraper
 from registry.access import ControlPlane
+from registry.control_metrics import CONTENT_TYPE, registry_metrics
 from registry.dashboard import mount_dashboard
 from registry.dashboard.rendering import error_page
 from registry.edge import HostCheck, SecurityHeaders
 from registry.rest import router
 from registry.rest_bodies import SuiteReader
 from registry.service import Registry
-from registry.store import VariantBuilder
+from registry.store import BaselineBuilder, VariantBuilder
 from registry.throttle import LoginThrottle
 
 MAX_BODY_BYTES = 1 << 20
@@ -37,6 +39,8 @@ def create_app(
     build_variant: VariantBuilder | None = None,
     model_roots: Sequence[Path] = (),
     allowed_hosts: Sequence[str] | None = None,
+    fit_baseline: BaselineBuilder | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """`session_secret` signs dashboard session cookies (without one, sessions end with the
     process); `secure_cookies` marks them `Secure` (send them over HTTPS only); `health` adds
@@ -47,7 +51,10 @@ def create_app(
     wires serving's ONNX export in); without it such a body answers 501. `model_roots`: the
     folders REST may register models and adapters from (none: by package only).
     `allowed_hosts`: the Host header values answered (registry/edge.py); None: any (the shell
-    always passes a list, tests' in-process clients need none)."""
+    always passes a list, tests' in-process clients need none). `fit_baseline` fits a
+    tfidf-lr (or rerank bm25) candidate into a servable artifact; without it one is added
+    model-free (scored, never placed). `metrics_token` is the bearer token `/metrics` needs
+    (httpapi/scrape.py: without one, /metrics answers only when auth is off)."""
     app = FastAPI(
         title="taskfleet control plane",
         version="1",
@@ -63,6 +70,7 @@ def create_app(
         read_suite=read_suite,
         build_variant=build_variant,
         model_roots=tuple(model_roots),
+        fit_baseline=fit_baseline,
     )
     app.state.control = control
     app.state.health = health
@@ -71,6 +79,15 @@ def create_app(
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"status": "ok", **(health() if health else {})}
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(request: Request) -> Response:
+        """Stale endpoint models and pairings (registry/control_metrics.py), for the scraper
+        only."""
+        check_scraper(
+            request.headers.get("authorization"), token=metrics_token, require_auth=require_auth
+        )
+        return Response(registry_metrics(registry), media_type=CONTENT_TYPE)
 
     mount_dashboard(app, control, session_secret=session_secret, secure_cookies=secure_cookies)
     mount_docs(app)

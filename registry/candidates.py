@@ -1,8 +1,10 @@
 """Candidates: (task, base model, adapter-or-none) pairings of a kind that fits the task,
-or a model-free baseline (bm25, random, tfidf-lr, majority) that can never be placed.
+or a lexical baseline (bm25, random, tfidf-lr, majority).
 
 A model candidate's artifact must carry the head its kind needs (read from the stored files);
-an optimised variant of a base model is added through ``registry/variants.py``.
+an optimised variant of a base model is added through ``registry/variants.py``. A baseline is
+model-free (never placed), unless it names its own fitted artifact, a base model of its kind's
+format (``registry/fitted_baselines.py`` fits and registers one: tfidf-lr, and bm25 for rerank).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from registry.rows import (
     get_model_row,
     get_task_row,
 )
+from registry.runtimes import ENDPOINT
 from registry.transactions import Transactions
 
 # The task head a model candidate needs: in its adapter artifact, or a transformers
@@ -61,15 +64,24 @@ class CandidateRepository:
                 if hint
                 else f"unknown candidate kind {kind!r}; known: {', '.join(known)}"
             )
-        if kind not in BASELINE_KINDS:
+        if kind not in BASELINE_KINDS and not self._check_model_format(task, kind, base, adapter):
             self._check_model_candidate(task, kind, base, adapter)
         with self.tx.write() as s:
             task_row = get_task_row(s, task)
             base_row = adapter_row = None
             if kind in BASELINE_KINDS:
-                if base or adapter:
-                    raise InvalidInput(f"a {kind} candidate takes no base model or adapter")
-                signature = kind
+                if adapter:
+                    raise InvalidInput(f"a {kind} candidate takes no adapter")
+                if base is not None:
+                    base_row = get_model_row(s, base)
+                    if base_row.format != kind:
+                        raise InvalidInput(
+                            f"a {kind} candidate takes no base model but its own fitted {kind} "
+                            f"artifact, and {base!r} is not one"
+                        )
+                    signature = f"model:{base_row.id}:adapter:-"
+                else:
+                    signature = kind
             else:
                 if adapter is not None:
                     adapter_row = get_adapter_row(s, adapter)
@@ -139,6 +151,36 @@ class CandidateRepository:
                 + f"; a {kind} candidate needs an adapter with a {need!r} head "
                 f"(`taskfleet finetune lora {task} --base {base}`) or such a base model"
             )
+
+    def _check_model_format(
+        self, task: str, kind: str, base: str | None, adapter: str | None
+    ) -> bool:
+        """A fitted baseline is its own candidate kind; an endpoint model takes no adapter and
+        competes as what its API does (embedding, or cross-encoder for a rerank API). True for
+        an endpoint model (its API is its head: no folder to read one from)."""
+        if base is None:
+            return False
+        model = self.models.get_model(base)
+        if model.format is None:
+            return False
+        if model.format != ENDPOINT:
+            raise InvalidInput(
+                f"model {base!r} is a fitted {model.format} baseline: add it as a "
+                f"{model.format} candidate, not {kind}"
+            )
+        endpoint_kind = (model.endpoint or {}).get("kind")
+        if adapter is not None:
+            raise InvalidInput(
+                f"model {base!r} is an endpoint model: LoRA adapters, variants and heads cannot "
+                "be put on a model behind an API"
+            )
+        fits = "cross-encoder" if endpoint_kind == "rerank" else "embedding"
+        if kind != fits:
+            raise InvalidInput(
+                f"model {base!r} is an endpoint model ({endpoint_kind} API): it competes as a "
+                f"{fits} candidate, not {kind}"
+            )
+        return True
 
     def get_candidate(self, task: str, name: str) -> e.Candidate:
         with self.tx.read() as s:

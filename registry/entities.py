@@ -69,6 +69,7 @@ class Task:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
     max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
+    prefer: str = "best"  # "cheapest": a cheaper non-inferior candidate may replace the best
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,28 @@ class BaseModel:
     #: model registered from its own weights.
     source: str | None = None
     variant: str | None = None
+    #: What the folder is: None a model folder; "tfidf-lr" / "bm25" a fitted lexical baseline;
+    #: "endpoint" a model behind an external API, whose record is ``endpoint`` (URL, model ids,
+    #: sides, key variable name: serving/endpoints.py) and whose identity includes the probe.
+    format: str | None = None
+    endpoint: dict[str, Any] | None = None
+    probe_fingerprint: str | None = None
+    price_per_million: float | None = None
+    #: The endpoint watcher's latest probe: its fingerprint (None when it failed), when, and
+    #: the failure.
+    probed_fingerprint: str | None = None
+    probed_at: datetime | None = None
+    probe_error: str | None = None
+
+    @property
+    def stale(self) -> bool:
+        """The endpoint answered its probe differently from when it was registered: every
+        pairing on it no longer holds its evidence."""
+        return (
+            self.probed_fingerprint is not None
+            and self.probe_fingerprint is not None
+            and self.probed_fingerprint != self.probe_fingerprint
+        )
 
 
 @dataclass(frozen=True)
@@ -268,6 +291,7 @@ class WorkerReport:
     queue_depth: dict[str, int]
     runtimes: list[str]
     epochs: dict[str, int]  # task -> placement epoch the worker serves
+    profiles: dict[str, int] = field(default_factory=dict)  # task -> runtime profile applied
 
 
 @dataclass(frozen=True)
@@ -285,6 +309,7 @@ class Worker:
     seen_at: datetime
     reachable: bool
     created_at: datetime
+    profiles: dict[str, int] = field(default_factory=dict)  # task -> runtime profile applied
 
 
 @dataclass(frozen=True)
@@ -328,3 +353,64 @@ class PromotionCheck:
     champion_run_id: int | None = None
     runtime: str | None = None  # the runtime the challenger would be placed on
     champion_runtime: str | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What a task should serve under its preference (registry/recommendation.py), and why."""
+
+    task: str
+    prefer: str  # "best" | "cheapest"
+    candidate: str | None  # None: nothing servable has a run on the suite version
+    runtime: str | None
+    reason: str  # the one line that says why
+    considered: list[str]  # one line per other candidate: why it was not chosen
+    champion: str | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """A model's runtime knobs on one kind of machine; None leaves the worker's default."""
+
+    max_batch_tokens: int | None = None  # sidecar: tokens of the batches it forms
+    max_batch_wait_ms: int | None = None  # sidecar: how long a batch waits for more requests
+    intra_op_threads: int | None = None  # runtime: threads of one forward pass
+    runtimes: int | None = None  # runtime: batches of the model that run at once
+    max_padding: float | None = None  # runtime: padding share before a pass is cut
+    engine: str | None = None  # runtime: "torch", or "onnx" (the same fp32 graph, ONNX Runtime)
+
+    def changed(self) -> dict[str, Any]:
+        """The knobs this profile sets, by name."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ProfileCreate:
+    """What a tuning run found for one model on one machine class (``taskfleet tune``)."""
+
+    model: str  # the base model's name; the profile is keyed by its sha256
+    machine_class: str  # "cpu:<model> x<cores>" or "gpu:<model>" (serving/machine.py)
+    settings: RuntimeSettings
+    task: str  # the task whose traffic the sweep replayed
+    p99_bound_ms: float
+    throughput: float  # texts/s at the bound with these settings, measured again once applied
+    default_throughput: float  # texts/s at the bound with the defaults, same sweep
+    sweep: list[dict[str, Any]] = field(default_factory=list)  # every configuration's figures
+
+
+@dataclass(frozen=True)
+class RuntimeProfile:
+    """A recorded profile: placements of the model carry it, workers of its class apply it."""
+
+    id: int
+    model: str
+    model_sha256: str
+    machine_class: str
+    settings: RuntimeSettings
+    task: str
+    p99_bound_ms: float
+    throughput: float
+    default_throughput: float
+    sweep: list[dict[str, Any]]
+    actor: str
+    created_at: datetime

@@ -53,6 +53,7 @@ class FleetRepository:
             row.queue_depth = dict(report.queue_depth)
             row.runtimes = list(report.runtimes)
             row.epochs = dict(report.epochs)
+            row.profiles = dict(report.profiles)
             row.reported_at = report.reported_at
             row.seen_at = seen_at or utcnow()
             row.reachable = True
@@ -131,4 +132,5 @@ def worker_entity(r: WorkerRow) -> e.Worker:
         r.seen_at,
         r.reachable,
         r.created_at,
+        dict(r.profiles or {}),
     )

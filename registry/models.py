@@ -88,6 +88,11 @@ class TaskRow(Base):
     max_document_chars: Mapped[int] = mapped_column(
         Integer, default=DEFAULT_MAX_DOCUMENT_CHARS, nullable=False
     )
+    # "best": the rule asks a challenger to beat the champion; "cheapest": a cheaper one that
+    # is non-inferior within the margin may replace it (registry/recommendation.py).
+    prefer: Mapped[str] = mapped_column(
+        String(16), default="best", server_default="best", nullable=False
+    )
 
 
 class SuiteRow(Base):
@@ -137,6 +142,19 @@ class BaseModelRow(Base):
     # A variant (ONNX export, int8 quantisation) is derived from another base model.
     source_model_id: Mapped[int | None] = mapped_column(ForeignKey("base_models.id"), nullable=True)
     variant: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # What the folder is: None a model folder; "tfidf-lr" / "bm25" a fitted lexical baseline
+    # (serving/runtime/baseline_artifact.py); "endpoint" the record of a model behind an
+    # external API (serving/endpoints.py), whose API is ``endpoint`` and whose identity
+    # includes the probe.
+    format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    endpoint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    probe_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    price_per_million: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The endpoint watcher's latest probe (serving/control.py): a fingerprint other than the
+    # registered one makes every pairing on this model stale.
+    probed_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    probed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    probe_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AdapterRow(Base):
@@ -297,4 +315,28 @@ class WorkerRow(Base):
     reported_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     reachable: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created_at: Mapped[datetime] = _created()
+    # Task -> the runtime profile the worker applies (absent in heartbeats before profiles).
+    profiles: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+
+
+class RuntimeProfileRow(Base):
+    """Tuned runtime settings of one base model (by sha256) on one machine class: one row per
+    pair, replaced by the next tuning (the audit log keeps the history)."""
+
+    __tablename__ = "runtime_profiles"
+    __table_args__ = (
+        UniqueConstraint("model_sha256", "machine_class", name="uq_runtime_profiles_model_class"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    base_model_id: Mapped[int] = mapped_column(ForeignKey("base_models.id"), nullable=False)
+    model_sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    machine_class: Mapped[str] = mapped_column(String(255), nullable=False)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    task: Mapped[str] = mapped_column(String(128), nullable=False)
+    p99_bound_ms: Mapped[float] = mapped_column(Float, nullable=False)
+    throughput: Mapped[float] = mapped_column(Float, nullable=False)
+    default_throughput: Mapped[float] = mapped_column(Float, nullable=False)
+    sweep: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
     created_at: Mapped[datetime] = _created()

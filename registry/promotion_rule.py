@@ -22,11 +22,15 @@ only by an admin's override with a reason, and an unservable pairing never.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from registry import entities as e
+from registry.costs import Cost, serving_cost
 from registry.errors import InvalidInput
-from registry.kinds import BASELINE_KINDS
 from registry.runtimes import DEFAULT_RUNTIME, check_servable
+
+if TYPE_CHECKING:
+    from registry.bootstrap import Interval
 
 # How far a runtime switch may move the main metric down (nDCG@10 points): the same weights
 # through another runtime differ only by float rounding.
@@ -42,6 +46,11 @@ class ModelBuild:
     source: int  # the record of the model it was built from: its own unless it is a variant
     variant: str | None  # onnx, onnx-int8, ...; None for the model as registered
     runtimes: tuple[str, ...]  # the runtimes that may serve it
+    format: str | None = None  # a fitted baseline (tfidf-lr, bm25) or "endpoint"; None: weights
+    endpoint_kind: str | None = None  # an endpoint model's API: embedding or rerank
+    # An endpoint model whose probe no longer answers as at registration: its runs are void.
+    stale: bool = False
+    price_per_million: float | None = None  # an endpoint model's own price, when given
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,14 @@ class Contender:
     model: ModelBuild | None  # None: a model-free baseline
     adapter: str | None
     run: e.EvalRun | None  # its ranking run through the runtime in question, if any
+
+    @property
+    def cost(self) -> Cost | None:
+        """What serving a million items costs, from its run (None: not measured)."""
+        if self.run is None:
+            return None
+        price = self.model.price_per_million if self.model else None
+        return serving_cost(self.run.cost, endpoint_price_per_million=price)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,7 @@ class Evidence:
     runtime: str | None  # the runtime asked for; None: the one its run was scored through
     champion: Contender | None = None
     champion_runtime: str | None = None
+    prefer: str = "best"  # "cheapest": a cheaper challenger non-inferior within the margin passes
 
 
 def judge(evidence: Evidence) -> e.PromotionCheck:
@@ -81,10 +99,10 @@ def judge(evidence: Evidence) -> e.PromotionCheck:
         margin=evidence.margin,
         champion_runtime=evidence.champion_runtime,
     )
-    if challenger.kind in BASELINE_KINDS:
-        return _with(
-            verdict, reason=f"a {challenger.kind} candidate has no model to place on the fleet"
-        )
+    if challenger.model is None:
+        return _with(verdict, reason=no_model(challenger.kind, evidence.task_kind))
+    if challenger.model.stale:
+        return _with(verdict, reason=stale_model(challenger.model.name))
     run = challenger.run
     runtime = evidence.runtime or (run.runtime if run else None) or DEFAULT_RUNTIME
     verdict = _with(verdict, runtime=runtime)
@@ -152,17 +170,22 @@ def judge(evidence: Evidence) -> e.PromotionCheck:
             passes=True,
             reason=f"{said} (within the task's margin -{margin:g}, {paired} queries)",
         )
+    cheaper = _cheaper(evidence, challenger, champion, interval)
+    if cheaper is not None and (interval.estimate < margin or interval.low <= 0):
+        return _with(verdict, passes=True, reason=cheaper)
     if interval.estimate < margin:
         return _with(
             verdict,
             reason=f"{metric} improves by {interval.estimate:+.4f}, "
-            f"less than the task's margin {margin:g}",
+            f"less than the task's margin {margin:g}"
+            + _not_cheaper(evidence, challenger, champion, interval),
         )
     if interval.low <= 0:
         return _with(
             verdict,
             reason=f"the 95% CI of the {metric} difference "
-            f"[{interval.low:+.4f}, {interval.high:+.4f}] does not exclude zero",
+            f"[{interval.low:+.4f}, {interval.high:+.4f}] does not exclude zero"
+            + _not_cheaper(evidence, challenger, champion, interval),
         )
     return _with(
         verdict,
@@ -172,10 +195,67 @@ def judge(evidence: Evidence) -> e.PromotionCheck:
     )
 
 
+def no_model(kind: str, task_kind: str) -> str:
+    """Why a model-free candidate cannot be placed."""
+    if kind == "bm25" and task_kind == "retrieval":
+        return (
+            "BM25 for retrieval makes no embedding, so it cannot serve a retrieval task (it is "
+            "scored in the eval only; a bm25 rerank candidate is served)"
+        )
+    if kind in ("tfidf-lr", "bm25"):
+        return (
+            f"this {kind} candidate was added without a fitted artifact (before baselines were "
+            f"servable): add a fitted one, `taskfleet candidate add TASK --kind {kind} --name "
+            f"{kind}-fitted`, evaluate and promote it"
+        )
+    return f"a {kind} candidate has no model to place on the fleet"
+
+
+def stale_model(model: str) -> str:
+    return (
+        f"endpoint model {model!r} no longer answers its probe as when it was registered "
+        "(stale): its eval runs do not hold for what it serves now; register it again and "
+        "evaluate that"
+    )
+
+
+def _cheaper(
+    evidence: Evidence, challenger: Contender, champion: Contender, interval: Interval
+) -> str | None:
+    """Under ``prefer cheapest``: the reason a challenger non-inferior to the champion within
+    the margin (paired CI lower bound above -margin) and cheaper per million items passes."""
+    if evidence.prefer != "cheapest" or interval.low <= -evidence.margin:
+        return None
+    mine, theirs = challenger.cost, champion.cost
+    if mine is None or theirs is None or mine.price_per_million >= theirs.price_per_million:
+        return None
+    assert challenger.run is not None
+    ratio = theirs.price_per_million / max(mine.price_per_million, 1e-12)
+    return (
+        f"{challenger.name}: {challenger.run.main_metric} {interval.estimate:+.4f} "
+        f"[{interval.low:+.4f}, {interval.high:+.4f}] vs {champion.name}, margin "
+        f"{evidence.margin:g}; {ratio:.1f}x cheaper ({mine.line()} vs {theirs.line()})"
+    )
+
+
+def _not_cheaper(
+    evidence: Evidence, challenger: Contender, champion: Contender, interval: Interval
+) -> str:
+    """What ``prefer cheapest`` adds to a refusal: why the cheaper path did not hold."""
+    if evidence.prefer != "cheapest":
+        return ""
+    if interval.low <= -evidence.margin:
+        return f"; not non-inferior either (CI lower bound below -{evidence.margin:g})"
+    mine, theirs = challenger.cost, champion.cost
+    if mine is None or theirs is None:
+        return "; its cost or the champion's is not measured, so cheaper cannot be judged"
+    return f"; non-inferior but not cheaper ({mine.line()} vs {theirs.line()})"
+
+
 def unservable(contender: Contender, runtime: str, task_kind: str) -> str | None:
     """Why ``runtime`` cannot serve this contender on a task of ``task_kind``, or None."""
     if contender.model is None:
-        return "it has no model to place on the fleet"
+        return no_model(contender.kind, task_kind)
     try:
         check_servable(
             runtime,
@@ -184,6 +264,8 @@ def unservable(contender: Contender, runtime: str, task_kind: str) -> str | None
             adapter=contender.adapter,
             task_kind=task_kind,
             variant=contender.model.variant,
+            model_format=contender.model.format,
+            endpoint_kind=contender.model.endpoint_kind,
         )
     except InvalidInput as exc:
         return str(exc)

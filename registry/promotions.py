@@ -12,14 +12,14 @@ the caller asks for after recording a run (the eval runner does), never part of 
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from httpapi.errors import ErrorCode
 from registry import entities as e
 from registry.errors import Conflict, InvalidInput, PermissionDenied
 from registry.evalruns import eval_entity, ranking_run_row
-from registry.kinds import BASELINE_KINDS
-from registry.models import AdapterRow, BaseModelRow, CandidateRow, PlacementRow
+from registry.models import AdapterRow, BaseModelRow, CandidateRow, PlacementRow, SuiteRow
 from registry.placements import (
     CANDIDATE_CHANGES,
     check_replicas,
@@ -33,8 +33,17 @@ from registry.promotion_history import (
     previous_runtime,
     promotion_entity,
 )
-from registry.promotion_rule import Contender, Evidence, ModelBuild, judge, unservable
-from registry.rows import get_candidate_row, get_task_row
+from registry.promotion_rule import (
+    Contender,
+    Evidence,
+    ModelBuild,
+    judge,
+    no_model,
+    stale_model,
+    unservable,
+)
+from registry.recommendation import Option, recommend
+from registry.rows import get_candidate_row, get_task_row, model_entity
 from registry.runtimes import DEFAULT_RUNTIME
 from registry.store import UNSET
 from registry.suite_versions import newest_suite_row
@@ -57,6 +66,11 @@ class PromotionRequired(InvalidInput):
 class PromotionRepository:
     def __init__(self, tx: Transactions) -> None:
         self.tx = tx
+
+    def recommend(self, task: str) -> e.Recommendation:
+        """What the task should serve under its preference, and why (never writes)."""
+        with self.tx.read() as s:
+            return _recommendation(s, task)
 
     def check_promotion(
         self, task: str, candidate: str, runtime: str | None = None
@@ -93,8 +107,10 @@ class PromotionRepository:
         with self.tx.read() as s:
             evidence = _evidence(s, task, candidate, runtime)
         challenger = evidence.challenger
-        if challenger.kind in BASELINE_KINDS:
-            raise InvalidInput(f"a {challenger.kind} candidate has no model to place on the fleet")
+        if challenger.model is None:
+            raise InvalidInput(
+                f"cannot promote {candidate!r}: {no_model(challenger.kind, evidence.task_kind)}"
+            )
         check = judge(evidence)
         runtime = check.runtime or DEFAULT_RUNTIME
         # No override places what the runtime cannot serve: it would fail every request.
@@ -333,31 +349,7 @@ def _evidence(s: Session, task: str, candidate: str, runtime: str | None) -> Evi
     suite = newest_suite_row(s, task_row.suite)
 
     def contender(row: CandidateRow, through: str | None) -> Contender:
-        run = (
-            ranking_run_row(s, row.id, suite.fingerprint, suite.test_split, runtime=through)
-            if suite
-            else None
-        )
-        base = s.get(BaseModelRow, row.base_model_id) if row.base_model_id else None
-        adapter = s.get(AdapterRow, row.adapter_id) if row.adapter_id else None
-        model = (
-            ModelBuild(
-                base.name,
-                base.id,
-                base.source_model_id or base.id,
-                base.variant,
-                tuple(base.runtime_kinds),
-            )
-            if base
-            else None
-        )
-        return Contender(
-            row.name,
-            row.kind,
-            model,
-            adapter.name if adapter else None,
-            eval_entity(s, run) if run else None,
-        )
+        return _contender(s, row, suite, through)
 
     return Evidence(
         task=task,
@@ -368,6 +360,70 @@ def _evidence(s: Session, task: str, candidate: str, runtime: str | None) -> Evi
         runtime=runtime,
         champion=contender(champ, champ_runtime) if champ else None,
         champion_runtime=champ_runtime,
+        prefer=task_row.prefer,
+    )
+
+
+def _contender(
+    s: Session, row: CandidateRow, suite: SuiteRow | None, through: str | None
+) -> Contender:
+    """A candidate with its ranking run on ``suite``'s test split (through ``through``, or the
+    newest through any runtime) and what its model is."""
+    run = (
+        ranking_run_row(s, row.id, suite.fingerprint, suite.test_split, runtime=through)
+        if suite
+        else None
+    )
+    base = s.get(BaseModelRow, row.base_model_id) if row.base_model_id else None
+    adapter = s.get(AdapterRow, row.adapter_id) if row.adapter_id else None
+    model = None
+    if base is not None:
+        entity = model_entity(s, base)
+        model = ModelBuild(
+            base.name,
+            base.id,
+            base.source_model_id or base.id,
+            base.variant,
+            tuple(base.runtime_kinds),
+            format=base.format,
+            endpoint_kind=(base.endpoint or {}).get("kind"),
+            stale=entity.stale,
+            price_per_million=base.price_per_million,
+        )
+    return Contender(
+        row.name,
+        row.kind,
+        model,
+        adapter.name if adapter else None,
+        eval_entity(s, run) if run else None,
+    )
+
+
+def _recommendation(s: Session, task: str) -> e.Recommendation:
+    """Every candidate's ranking run on the newest suite version, its cost and whether the
+    fleet can serve it, handed to the pure choice of registry/recommendation.py."""
+    task_row = get_task_row(s, task)
+    suite = newest_suite_row(s, task_row.suite)
+    champion = champion_pairing(s, task_row.id)
+    options: list[Option] = []
+    rows = s.scalars(
+        select(CandidateRow).where(CandidateRow.task_id == task_row.id).order_by(CandidateRow.id)
+    )
+    for row in rows:
+        contender = _contender(s, row, suite, None)
+        if contender.run is None:
+            continue
+        runtime = contender.run.runtime or DEFAULT_RUNTIME
+        problem = unservable(contender, runtime, task_row.kind)
+        if problem is None and contender.model is not None and contender.model.stale:
+            problem = stale_model(contender.model.name)
+        options.append(Option(row.name, contender.run, contender.cost, problem, runtime))
+    return recommend(
+        task,
+        options,
+        prefer=task_row.prefer,
+        margin=task_row.margin,
+        champion=champion[0].name if champion else None,
     )
 
 

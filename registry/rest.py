@@ -260,6 +260,7 @@ def add_candidate(task: str, body: CandidateIn, request: Request, a: Act) -> dic
         kind=body.kind,
         variant=body.variant,
         build_variant=build_variant,
+        fit_baseline=request.app.state.control.fit_baseline,
     )
     return asdict(candidate)
 

@@ -60,6 +60,7 @@ def task_entity(r: TaskRow) -> e.Task:
         r.max_text_chars,
         r.max_query_chars,
         r.max_document_chars,
+        r.prefer,
     )
 
 
@@ -81,6 +82,13 @@ def model_entity(s: Session, r: BaseModelRow) -> e.BaseModel:
         r.created_at,
         source.name if source else None,
         r.variant,
+        format=r.format,
+        endpoint=dict(r.endpoint) if r.endpoint is not None else None,
+        probe_fingerprint=r.probe_fingerprint,
+        price_per_million=r.price_per_million,
+        probed_fingerprint=r.probed_fingerprint,
+        probed_at=r.probed_at,
+        probe_error=r.probe_error,
     )
 
 

@@ -19,14 +19,17 @@ from registry.adapters import AdapterRepository
 from registry.artifacts import ArtifactStore
 from registry.base_models import BaseModelRepository
 from registry.candidates import CandidateRepository
+from registry.endpoint_models import EndpointModelRepository
 from registry.evalruns import EvalRunRepository
+from registry.fitted_baselines import BaselineRepository, servable_baseline
 from registry.fleet import FleetRepository
 from registry.keys import ApiKeyRepository
 from registry.placements import PlacementRepository
+from registry.profiles import ProfileRepository
 from registry.promotion_history import PromotionHistoryRepository
 from registry.promotions import PromotionRepository
 from registry.sessions import DashboardSessionRepository
-from registry.store import UNSET, AbstractStore, VariantBuilder
+from registry.store import UNSET, AbstractStore, BaselineBuilder, VariantBuilder
 from registry.suite_versions import SuiteRepository
 from registry.tasks import TaskRepository
 from registry.transactions import Transactions
@@ -43,6 +46,8 @@ class Registry(AbstractStore):
         self._adapters = AdapterRepository(tx, artifacts)
         self._candidates = CandidateRepository(tx, self._models, self._adapters)
         self._variants = VariantRepository(tx, artifacts, self._models, self._candidates)
+        self._baselines = BaselineRepository(tx, artifacts, self._candidates)
+        self._endpoints = EndpointModelRepository(tx, artifacts)
         self._eval_runs = EvalRunRepository(tx)
         self._placements = PlacementRepository(tx)
         self._history = PromotionHistoryRepository(tx)
@@ -50,6 +55,7 @@ class Registry(AbstractStore):
         self._keys = ApiKeyRepository(tx)
         self._sessions = DashboardSessionRepository(tx)
         self._fleet = FleetRepository(tx, self._placements)
+        self._profiles = ProfileRepository(tx)
 
     @classmethod
     def open(
@@ -98,6 +104,7 @@ class Registry(AbstractStore):
         max_text_chars: int | None = None,
         max_query_chars: int | None = None,
         max_document_chars: int | None = None,
+        prefer: str = "best",
     ) -> e.Task:
         return self._tasks.add_task(
             name,
@@ -110,6 +117,7 @@ class Registry(AbstractStore):
             max_text_chars=max_text_chars,
             max_query_chars=max_query_chars,
             max_document_chars=max_document_chars,
+            prefer=prefer,
         )
 
     def set_task_limits(
@@ -126,6 +134,9 @@ class Registry(AbstractStore):
             max_query_chars=max_query_chars,
             max_document_chars=max_document_chars,
         )
+
+    def set_task_preference(self, name: str, prefer: str) -> e.Task:
+        return self._tasks.set_task_preference(name, prefer)
 
     def get_task(self, name: str) -> e.Task:
         return self._tasks.get_task(name)
@@ -164,6 +175,22 @@ class Registry(AbstractStore):
 
     def model_path(self, name: str) -> Path:
         return self._models.model_path(name)
+
+    # ---- endpoint models ---------------------------------------------------------------
+    def add_endpoint_model(
+        self, name: str, *, record_dir: Path, price_per_million: float | None = None
+    ) -> e.BaseModel:
+        return self._endpoints.add_endpoint_model(
+            name, record_dir=record_dir, price_per_million=price_per_million
+        )
+
+    def endpoint_models_in_use(self) -> list[e.BaseModel]:
+        return self._endpoints.endpoint_models_in_use()
+
+    def record_probe(
+        self, model: str, *, fingerprint: str | None, error: str | None
+    ) -> e.BaseModel:
+        return self._endpoints.record_probe(model, fingerprint=fingerprint, error=error)
 
     def derive_model(
         self, base: str, variant: str, *, build: VariantBuilder | None, name: str | None = None
@@ -210,7 +237,17 @@ class Registry(AbstractStore):
         kind: str | None = None,
         variant: str | None = None,
         build_variant: VariantBuilder | None = None,
+        fit_baseline: BaselineBuilder | None = None,
     ) -> e.Candidate:
+        if (
+            variant is None
+            and fit_baseline is not None
+            and base is None
+            and adapter is None
+            and servable_baseline(kind, self.get_task(task).kind)
+        ):
+            assert kind is not None
+            return self._baselines.add_baseline_candidate(task, kind, fit=fit_baseline, name=name)
         if variant is None:
             return self._candidates.add_candidate(
                 task, name=name, base=base, adapter=adapter, kind=kind
@@ -289,6 +326,9 @@ class Registry(AbstractStore):
 
     def list_promotions(self, task: str) -> list[e.Promotion]:
         return self._history.list_promotions(task)
+
+    def recommend(self, task: str) -> e.Recommendation:
+        return self._promotions.recommend(task)
 
     def check_promotion(
         self, task: str, candidate: str, runtime: str | None = None
@@ -428,3 +468,16 @@ class Registry(AbstractStore):
 
     def placement_status(self) -> list[e.PlacementStatus]:
         return self._fleet.placement_status()
+
+    # ---- runtime profiles --------------------------------------------------------------
+    def record_profile(self, profile: e.ProfileCreate) -> e.RuntimeProfile:
+        return self._profiles.record_profile(profile)
+
+    def remove_profile(self, model: str, machine_class: str) -> e.RuntimeProfile:
+        return self._profiles.remove_profile(model, machine_class)
+
+    def list_profiles(self, model: str | None = None) -> list[e.RuntimeProfile]:
+        return self._profiles.list_profiles(model)
+
+    def profiles_for(self, model_sha256: str) -> list[e.RuntimeProfile]:
+        return self._profiles.profiles_for(model_sha256)

@@ -35,6 +35,10 @@ UNSET = "\0unset"
 #: Refusals are ``InvalidInput``. The shell passes one
 #: (``taskfleet.variant_builder.build_variant``): the registry imports no serving code.
 VariantBuilder = Callable[[Path, Path, str, str], Mapping[str, Any]]
+#: Fits a lexical baseline (``tfidf-lr``, ``bm25``) on a suite version into a new folder and
+#: returns its manifest: (kind, suite, target). Refusals are ``InvalidInput``. The shell passes
+#: one (``taskfleet.baseline_builder.fit_baseline``): the registry reads no suite data.
+BaselineBuilder = Callable[[str, e.Suite, Path], Mapping[str, Any]]
 
 
 class CatalogReader(ABC):
@@ -70,6 +74,11 @@ class CatalogReader(ABC):
 
     @abstractmethod
     def get_candidate(self, task: str, name: str) -> e.Candidate: ...
+
+    @abstractmethod
+    def profiles_for(self, model_sha256: str) -> list[e.RuntimeProfile]:
+        """Every runtime profile of the base model with this sha256: what its placements
+        carry (each worker applies the one of its own machine class)."""
 
 
 class PlacementOutbox(ABC):
@@ -120,9 +129,24 @@ class PublisherStore(CatalogReader, PlacementOutbox, KeyDigestSource):
     ``serving/directory.py``)."""
 
 
-class ControlLoopStore(PublisherStore, WorkerReportSink):
-    """What the control plane's NATS side uses: the publisher and the fleet watcher
-    (``serving/control.py``)."""
+class EndpointProbeSink(ABC):
+    """What the endpoint watcher reads and writes (``serving/endpoint_watch.py``)."""
+
+    @abstractmethod
+    def endpoint_models_in_use(self) -> list[e.BaseModel]:
+        """Every endpoint model some candidate competes with."""
+
+    @abstractmethod
+    def record_probe(
+        self, model: str, *, fingerprint: str | None, error: str | None
+    ) -> e.BaseModel:
+        """The watcher's latest probe; a fingerprint unlike the registered one makes the model
+        (and every pairing on it) stale."""
+
+
+class ControlLoopStore(PublisherStore, WorkerReportSink, EndpointProbeSink):
+    """What the control plane's NATS side uses: the publisher, the fleet watcher and the
+    endpoint watcher (``serving/control.py``)."""
 
 
 class EvalStore(CatalogReader):
@@ -181,6 +205,7 @@ class CatalogStore(ABC):
         max_text_chars: int | None = None,
         max_query_chars: int | None = None,
         max_document_chars: int | None = None,
+        prefer: str = "best",
     ) -> e.Task:
         """Bind a new task to a registered suite; the task has the suite's kind. The
         per-text limits (characters) left out take the defaults of ``registry/limits.py``."""
@@ -195,6 +220,17 @@ class CatalogStore(ABC):
         max_document_chars: int | None = None,
     ) -> e.Task:
         """Change the per-text limits given (characters); the others stay."""
+
+    @abstractmethod
+    def set_task_preference(self, name: str, prefer: str) -> e.Task:
+        """``best`` or ``cheapest`` (a cheaper candidate non-inferior within the margin)."""
+
+    @abstractmethod
+    def add_endpoint_model(
+        self, name: str, *, record_dir: Path, price_per_million: float | None = None
+    ) -> e.BaseModel:
+        """A model behind an external API, from the record folder the shell wrote after
+        probing it (``registry/endpoint_models.py``)."""
 
     @abstractmethod
     def add_model(
@@ -244,10 +280,14 @@ class CatalogStore(ABC):
         kind: str | None = None,
         variant: str | None = None,
         build_variant: VariantBuilder | None = None,
+        fit_baseline: BaselineBuilder | None = None,
     ) -> e.Candidate:
         """Add a candidate; ``kind`` defaults to the task kind's model candidate. With
         ``variant``: that variant of ``base``, built by ``build_variant``
-        (``VariantStore.add_variant_candidate``)."""
+        (``VariantStore.add_variant_candidate``). A tfidf-lr (or, on a rerank task, bm25)
+        candidate is fitted by ``fit_baseline`` into a servable artifact
+        (``registry/fitted_baselines.py``); without one it is model-free, scored but never
+        placed."""
 
     @abstractmethod
     def list_candidates(self, task: str) -> list[e.Candidate]: ...
@@ -338,6 +378,10 @@ class PromotionStore(ABC):
 
         ``runtime`` None: the runtime of the candidate's latest eval run (what was evaluated).
         """
+
+    @abstractmethod
+    def recommend(self, task: str) -> e.Recommendation:
+        """What the task should serve under its preference, and why (never writes)."""
 
     @abstractmethod
     def promote(
@@ -461,6 +505,22 @@ class FleetStore(ABC):
         """Per placed task: the desired epoch and the epoch each reachable worker reports."""
 
 
+class ProfileStore(ABC):
+    """Runtime profiles (``taskfleet tune``, ``taskfleet profile``)."""
+
+    @abstractmethod
+    def record_profile(self, profile: e.ProfileCreate) -> e.RuntimeProfile:
+        """Record (or replace) the profile of the model on its machine class, and a new
+        placement epoch for every task serving the model, so running workers apply it.
+        Needs the promoter or admin role."""
+
+    @abstractmethod
+    def remove_profile(self, model: str, machine_class: str) -> e.RuntimeProfile: ...
+
+    @abstractmethod
+    def list_profiles(self, model: str | None = None) -> list[e.RuntimeProfile]: ...
+
+
 class AbstractStore(
     ControlLoopStore,
     EvalStore,
@@ -473,6 +533,7 @@ class AbstractStore(
     ApiKeyStore,
     SessionStore,
     FleetStore,
+    ProfileStore,
 ):
     """The whole registry: what the CLI, the REST API and the dashboard use."""
 

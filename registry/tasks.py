@@ -1,8 +1,9 @@
 """Tasks: named jobs bound to a registered suite, whose kind they take.
 
-A task is scored on its suite's newest version (``registry/suite_versions.py``); its margin and
-``auto_promote`` are what the promotion rule and the auto-promotion step read; its per-text
-limits (``registry/limits.py``) what gateways refuse above.
+A task is scored on its suite's newest version (``registry/suite_versions.py``); its margin,
+``prefer`` (best or cheapest) and ``auto_promote`` are what the promotion rule and the
+auto-promotion step read; its per-text limits (``registry/limits.py``) what gateways refuse
+above.
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from registry.errors import AlreadyExists, InvalidInput, NotFound
 from registry.kinds import TASK_KINDS, check_name
 from registry.limits import TEXT_LIMIT_DEFAULTS, check_text_limit
 from registry.models import TaskRow
+from registry.recommendation import PREFERENCES
 from registry.rows import get_task_row, task_entity
 from registry.suite_versions import newest_suite_row
 from registry.transactions import Transactions
+
+
+def check_preference(prefer: str) -> str:
+    if prefer not in PREFERENCES:
+        raise InvalidInput(f"prefer must be one of {', '.join(PREFERENCES)}, not {prefer!r}")
+    return prefer
 
 
 class TaskRepository:
@@ -36,10 +44,12 @@ class TaskRepository:
         max_text_chars: int | None = None,
         max_query_chars: int | None = None,
         max_document_chars: int | None = None,
+        prefer: str = "best",
     ) -> e.Task:
         """Bind a new task to a registered suite; the task has the suite's kind. The
         per-text limits (characters) left out take the defaults of ``registry/limits.py``."""
         check_name("task", name)
+        check_preference(prefer)
         if kind is not None and kind not in TASK_KINDS:
             raise InvalidInput(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
         if margin < 0:
@@ -69,6 +79,7 @@ class TaskRepository:
                 margin=margin,
                 auto_promote=auto_promote,
                 **limits,
+                prefer=prefer,
             )
             s.add(row)
             s.flush()
@@ -95,6 +106,16 @@ class TaskRepository:
             for setting, value in changes.items():
                 setattr(row, setting, value)
             self.tx.audit(s, "task.limits", "task", name, {**changes, "previous": previous})
+            return task_entity(row)
+
+    def set_task_preference(self, name: str, prefer: str) -> e.Task:
+        """What the rule prefers among candidates that hold up: the best, or the cheapest one
+        non-inferior within the task's margin (registry/recommendation.py)."""
+        check_preference(prefer)
+        with self.tx.write() as s:
+            row = get_task_row(s, name)
+            previous, row.prefer = row.prefer, prefer
+            self.tx.audit(s, "task.prefer", "task", name, {"prefer": prefer, "previous": previous})
             return task_entity(row)
 
     def get_task(self, name: str) -> e.Task:

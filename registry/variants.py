@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from registry import entities as e
+from registry.adapters import refuse_derived_work
 from registry.artifacts import ArtifactStore
 from registry.base_models import BaseModelRepository
 from registry.candidates import CandidateRepository
@@ -57,6 +58,7 @@ class VariantRepository:
         use; the same variant of the same source is reused, no builder needed)."""
         check_variant(variant)
         source = self.models.get_model(base)
+        refuse_derived_work(base, source.format, "variants")
         if source.variant is not None:
             raise InvalidInput(
                 f"model {base!r} is already an {source.variant} variant of {source.source!r}; "

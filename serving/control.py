@@ -3,8 +3,9 @@ REST API and dashboard.
 
 Any number of control planes may run against one NATS and one database; exactly one leads (the
 KV lock of ``serving/leader.py``) and runs the control loops: the placement publisher (the
-outbox of promotions), the fleet watcher (heartbeats into the registry) and the directory
-publisher (tasks and API-key digests for the gateways). The others stand by and take over
+outbox of promotions), the fleet watcher (heartbeats into the registry), the directory
+publisher (tasks and API-key digests for the gateways) and the endpoint watcher (re-probes
+endpoint models, serving/endpoint_watch.py). The others stand by and take over
 within the lock's TTL when the leader dies. While NATS is unreachable the HTTP side serves on,
 from the database alone, and this side says that publishing waits for NATS.
 """
@@ -23,6 +24,7 @@ from nats.errors import Error as NatsError
 
 from registry.store import ControlLoopStore
 from serving.connection import NatsTarget, connect_forever, nats_options
+from serving.endpoint_watch import DEFAULT_PROBE_PERIOD_S, EndpointWatcher
 from serving.fleet_watcher import FleetWatcher
 from serving.leader import LeaderLock, new_holder_id
 from serving.nats_layout import LEADER_TTL_S, WORKERS_TTL_S, ensure_layout
@@ -62,6 +64,7 @@ class ControlLoops:
         ttl_s: float = LEADER_TTL_S,
         announce: Callable[[str], None] | None = None,
         artifact_source: str | None = None,
+        probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
     ) -> None:
         self.registry = registry
         self.nats_url = nats_url
@@ -73,6 +76,7 @@ class ControlLoops:
         self.stale_after_s = stale_after_s
         self.standby_retry_s = standby_retry_s
         self.ttl_s = ttl_s
+        self.probe_period_s = probe_period_s
         self._announce = announce or (lambda message: log.info("%s", message))
         self._stop = asyncio.Event()
         self._nc: NATS | None = None
@@ -168,6 +172,7 @@ class ControlLoops:
                 flush_interval_s=self.flush_interval_s,
                 stale_after_s=self.stale_after_s,
             ),
+            EndpointWatcher(self.registry, period_s=self.probe_period_s),
         ]
 
     async def _lead(self, nc: NATS, lock: LeaderLock) -> None:

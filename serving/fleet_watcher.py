@@ -40,6 +40,7 @@ def heartbeat_report(beat: p.WorkerHeartbeat) -> e.WorkerReport:
         queue_depth=dict(beat.queue_depth),
         runtimes=list(beat.runtimes),
         epochs=dict(beat.epochs),
+        profiles=dict(beat.profiles or {}),
     )
 
 

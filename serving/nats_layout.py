@@ -1,15 +1,21 @@
 """The JetStream objects of the fleet (ARCHITECTURE.md "NATS layout"), created idempotently.
 
 Their names and settings are declared in ``contract/shared.toml``; this module builds the
-nats-py configurations from it. Every process that needs a stream, consumer or bucket calls
-:func:`ensure_layout` (or :func:`ensure_task_consumer`) instead of assuming another one ran
-first: the gateway, the fleet tools and `taskfleet up` all do. An object that already exists is
-left exactly as it is, so two processes starting at once, or a Rust sidecar that created the
-object first (``sidecar/src/nats.rs``), never fight over its configuration.
+nats-py configurations from it (``sidecar/src/nats.rs`` builds the sidecar's from the same
+file). Every process that needs a stream or bucket calls :func:`ensure_layout` instead of
+assuming another one ran first: the gateway, the fleet tools and `taskfleet up` all do. An
+object that already exists is left exactly as it is, so two processes starting at once, or a
+Rust sidecar that created the object first, never fight over its configuration.
+
+The per-task consumer is the workers' alone: a sidecar creates it when it starts serving the
+task, with its ``--ack-wait-ms`` and ``--max-deliver`` (the declared values by default). The
+gateway only reads it (:func:`check_task_consumer`); a request queued before any worker started
+waits in the stream, and the consumer the first worker creates delivers it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -29,6 +35,8 @@ from nats.js.object_store import ObjectStore
 
 from contract import NATS, TASK_NAME, BucketRule, ObjectStoreRule, StreamRule
 from httpapi.errors import shown
+
+log = logging.getLogger(__name__)
 
 
 def _required(value: float | None, key: str) -> float:
@@ -223,8 +231,34 @@ async def _ensure_object_store(
         return await js.object_store(rule.bucket)
 
 
+async def check_task_consumer(js: JetStreamContext, task: str) -> ConsumerInfo | None:
+    """The durable consumer ``task_<task>`` as a worker created it, or None while no worker
+    has served the task yet. One that would never deliver the task's requests as the protocol
+    says (another subject, no explicit acks) is logged; its ack wait and deliveries are the
+    workers' choice."""
+    try:
+        info = await js.consumer_info(TASKS_STREAM, consumer_name(task))
+    except NotFoundError:
+        return None
+    wanted = task_consumer_config(task)
+    found = info.config
+    differences = [
+        f"{key} {getattr(found, key)!r}, not {getattr(wanted, key)!r}"
+        for key in ("filter_subject", "ack_policy")
+        if getattr(found, key) != getattr(wanted, key)
+    ]
+    if differences:
+        log.warning(
+            "consumer %s does not follow contract/shared.toml: %s",
+            wanted.durable_name,
+            "; ".join(differences),
+        )
+    return info
+
+
 async def ensure_task_consumer(js: JetStreamContext, task: str) -> ConsumerInfo:
-    """The durable pull consumer ``task_<task>`` on ``TASKS``, created when missing."""
+    """The durable pull consumer ``task_<task>`` on ``TASKS``, created when missing, as a
+    worker creates it: for the Python stand-ins of workers in tests (the gateway never does)."""
     name = consumer_name(task)
     try:
         return await js.consumer_info(TASKS_STREAM, name)
@@ -254,7 +288,8 @@ async def ensure_layout(
     *,
     replicas: int | None = None,
 ) -> Layout:
-    """Create what is missing of the layout (streams, buckets, one consumer per task).
+    """Create what is missing of the layout (streams, buckets; one consumer per task in
+    ``tasks``, for a caller that plays a worker).
 
     New objects get ``replicas`` copies (default :func:`layout_replicas`: 3 on a cluster of
     3+ nodes); existing ones are left as they are (consumers follow their stream).

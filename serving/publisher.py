@@ -64,6 +64,21 @@ def memory_estimate(base: e.BaseModel, adapter: e.Adapter | None) -> int:
     return base.size_bytes + (adapter.size_bytes if adapter else 0)
 
 
+def profile_value(profile: e.RuntimeProfile) -> p.RuntimeProfileValue:
+    """A recorded runtime profile as placements carry it."""
+    settings = profile.settings
+    return p.RuntimeProfileValue(
+        id=profile.id,
+        machine_class=profile.machine_class,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_wait_ms=settings.max_batch_wait_ms,
+        intra_op_threads=settings.intra_op_threads,
+        runtimes=settings.runtimes,
+        max_padding=settings.max_padding,
+        engine=settings.engine,
+    )
+
+
 @dataclass(frozen=True)
 class Folders:
     """Where the control plane reads the weights it uploads for a placement."""
@@ -114,6 +129,7 @@ def placement_value(
         replicas=placement.replicas,
         memory_bytes=memory_estimate(base, adapter),
         runtime=placement.runtime,
+        profiles=[profile_value(profile) for profile in registry.profiles_for(base.sha256)],
     )
     folders = Folders(
         base=(base_path, base.sha256),

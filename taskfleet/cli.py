@@ -20,10 +20,11 @@ from taskfleet.cli_eval import eval_app
 from taskfleet.cli_finetune import finetune_app
 from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
 from taskfleet.cli_gateway import call, gateway
-from taskfleet.cli_promote import promote, promotions, rollback
+from taskfleet.cli_promote import promote, promotions, recommend, rollback
 from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
 from taskfleet.cli_serve import serve
 from taskfleet.cli_suite import suite_app
+from taskfleet.cli_tune import profile_app, tune
 from taskfleet.console import console
 from taskfleet.context import state
 
@@ -48,14 +49,17 @@ app.add_typer(finetune_app, name="finetune")
 app.add_typer(placement_app, name="placement")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(artifacts_app, name="artifacts")
+app.add_typer(profile_app, name="profile")
 app.command("serve")(serve)
 app.command("gateway")(gateway)
 app.command("call")(call)
 app.command("worker")(worker)
 app.command("up")(up)
+app.command("tune")(tune)
 app.command("promote")(promote)
 app.command("rollback")(rollback)
 app.command("promotions")(promotions)
+app.command("recommend")(recommend)
 app.command("placements", help="Desired vs reported placement epochs (same as `placement ls`).")(
     placement_ls
 )
@@ -135,6 +139,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         ("evals.errors", "EvalError"),
         ("finetune.errors", "FinetuneError"),
         ("serving.connection", "NatsOptionsError"),
+        ("taskfleet.tune", "TuneError"),
     ):
         loaded = sys.modules.get(module)
         if loaded is not None:

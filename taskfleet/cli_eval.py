@@ -26,6 +26,7 @@ from taskfleet.context import get_settings, open_registry
 if TYPE_CHECKING:
     from evals.runner import EvalPaths
     from registry.entities import EvalRun
+    from registry.store import EvalStore
     from serving.runtime.remote import RuntimeTarget
 
 out = console()
@@ -72,6 +73,13 @@ def runtime_target(
         raise EvalError(str(exc)) from None
 
 
+def default_runtime(reg: EvalStore, task: str, candidate: str) -> str:
+    """The runtime a candidate is scored through unless one is named: its model's first (an
+    endpoint model is reached by http only), torch for a model-free baseline."""
+    base = reg.get_candidate(task, candidate).base_model
+    return reg.get_model(base).runtime_kinds[0] if base else "torch"
+
+
 def _ci(run: EvalRun, metric: str) -> str:
     value = run.metrics[metric]
     low, high = run.ci.get(metric, (value, value))
@@ -99,12 +107,14 @@ def eval_run(
         "registered version; other data is a new version (`taskfleet suite add`).",
     ),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log the run to MLflow."),
-    runtime: str = typer.Option(
-        "torch",
+    runtime: str | None = typer.Option(
+        None,
         "--runtime",
         help="Runtime to encode through: torch (in-process), candle (the sidecar's Candle "
-        "runtime) or http (an OpenAI-compatible engine, see --http-url). A placement on a "
-        "runtime is promoted only from a run through it.",
+        "runtime) or http (an OpenAI-compatible engine, see --http-url; an endpoint model "
+        "names its own). Default: the first runtime the candidate's model lists (torch; http "
+        "for an endpoint model). A placement on a runtime is promoted only from a run through "
+        "it.",
     ),
     http_url: str | None = typer.Option(
         None, "--http-url", help="http runtime: the engine's base URL (e.g. http://127.0.0.1:7997)."
@@ -120,7 +130,9 @@ def eval_run(
     from evals.runner import run_eval
 
     reg = open_registry()
-    target = runtime_target(runtime, http_url, http_model, sidecar_bin)
+    target = runtime_target(
+        runtime or default_runtime(reg, task, candidate), http_url, http_model, sidecar_bin
+    )
     columns = (
         TextColumn("{task.description:<8}", markup=False),
         BarColumn(),

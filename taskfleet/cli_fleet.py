@@ -356,6 +356,9 @@ def worker(
         command += ["--artifact-source", source]
     if worker_id:
         command += ["--worker-id", worker_id]
+    from serving.machine import machine_class
+
+    command += ["--machine-class", machine_class(device if runtime == "torch" else "cpu")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **nats.sidecar_env()}
     # The torch runtime is `python -m serving.runtime.server`: it must find the project.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -395,7 +398,10 @@ def up(
         0, "--http-workers", min=0, help="Workers driving an OpenAI-compatible engine."
     ),
     http_url: str | None = typer.Option(
-        None, "--http-url", help="The engine's base URL for --http-workers."
+        None,
+        "--http-url",
+        help="The engine's base URL for --http-workers (none: they serve endpoint models only, "
+        "each at the URL it was registered with).",
     ),
     http_model: str | None = typer.Option(
         None, "--http-model", help="The engine's model id (default: its only one)."
@@ -443,6 +449,7 @@ def up(
         forwarded_allow_ips=edge.forwarded_allow_ips,
         allowed_hosts=edge.allowed_hosts,
         model_roots=edge.model_roots,
+        probe_period_s=settings.endpoint_probe_period_s,
     )
     state = stack_file()
 

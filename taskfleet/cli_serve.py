@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from pathlib import Path
@@ -67,6 +68,7 @@ def serve(
     """
     from registry.api import create_app
     from serving.control import ControlLoops
+    from taskfleet.baseline_builder import fit_baseline
     from taskfleet.cli_fleet import artifact_source, nats_url_or_none
     from taskfleet.stack import QuietServer
     from taskfleet.suite_registration import rest_suite_reader
@@ -87,7 +89,13 @@ def serve(
     if publish:
         url = settings.nats_options(nats_url or nats_url_or_none() or DEFAULT_NATS_URL)
         assert url is not None
-        loops = ControlLoops(registry, url, announce=_say, artifact_source=artifact_source())
+        loops = ControlLoops(
+            registry,
+            url,
+            announce=_say,
+            artifact_source=artifact_source(),
+            probe_period_s=settings.endpoint_probe_period_s,
+        )
     app = create_app(
         registry,
         require_auth=auth,
@@ -98,6 +106,8 @@ def serve(
             data_root=settings.data_dir, mteb_dir=settings.resolved_home / "suites"
         ),
         build_variant=build_variant,
+        fit_baseline=functools.partial(fit_baseline, data_root=settings.data_dir),
+        metrics_token=settings.metrics_token or None,
         model_roots=edge.model_roots,
         allowed_hosts=edge.allowed_hosts,
     )

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
         "`authorization: {credentials: ...}`). Without one, /metrics answers only when the "
         "gateway runs without auth: its figures name every task and API key.",
     )
+    endpoint_probe_period_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often the leading control plane re-probes each endpoint model a "
+        "candidate uses; a changed answer marks its pairings stale.",
+    )
     secure_cookies: bool = Field(
         default=False,
         description="Mark dashboard session cookies Secure (HTTPS only). Turn on whenever the "

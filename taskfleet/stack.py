@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -106,18 +107,18 @@ def runtime_args(
     http_model: str | None = None,
 ) -> list[str]:
     """The sidecar flags that give it its runtime: torch starts the Python runtime over a
-    socket; candle runs inside the sidecar; http drives the engine at ``http_url``."""
+    socket; candle runs inside the sidecar; http drives the engine at ``http_url``, and any
+    endpoint model at the URL of its own record (without ``http_url``: endpoint models only)."""
     if runtime == "torch":
         args = ["--runtime", "torch", "--runtime-cmd", runtime_command(python, device)]
         return args + (["--runtime-socket", str(socket_path)] if socket_path else [])
     if runtime == "candle":
         return ["--runtime", "candle"]
     if runtime == "http":
-        if not http_url:
-            raise StackError("http workers need the engine's base URL (--http-url)")
-        return ["--runtime", "http", "--http-base-url", http_url] + (
-            ["--http-model", http_model] if http_model else []
-        )
+        if http_url and not http_url.startswith(("http://", "https://")):
+            raise StackError(f"--http-url {http_url!r} must start with http:// or https://")
+        engine = ["--http-base-url", http_url] if http_url else []
+        return ["--runtime", "http", *engine] + (["--http-model", http_model] if http_model else [])
     raise StackError(f"unknown runtime {runtime!r}; known: torch, candle, http")
 
 
@@ -151,6 +152,8 @@ class SidecarProcess:
     # by the workers of one `up`: a fetch lands there by an atomic rename).
     artifact_cache: Path | None = None
     artifact_source: str | None = None  # None: the NATS object store; else s3://bucket/prefix
+    # Whose runtime profiles the sidecar applies (serving/machine.py); None: none.
+    machine_class: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
@@ -182,6 +185,7 @@ class SidecarProcess:
             "--artifact-cache", str(self.artifact_cache or self.run_dir / "artifacts"),
             *(["--metrics-addr", self.metrics_addr] if self.metrics_addr else []),
             *(["--artifact-source", self.artifact_source] if self.artifact_source else []),
+            *(["--machine-class", self.machine_class] if self.machine_class else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -278,6 +282,7 @@ class StackConfig:
     secure_cookies: bool = False
     candle_workers: int = 0
     http_workers: int = 0
+    probe_period_s: float = 60.0  # the endpoint watcher's period (serving/endpoint_watch.py)
     http_url: str | None = None
     http_model: str | None = None
     data_dir: Path | None = None  # root of the built-in suites' data (TASKFLEET_DATA_DIR)
@@ -336,11 +341,10 @@ async def run_stack(
     from serving.control import ControlLoops
     from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
     from serving.gateway.app import GatewaySettings, create_gateway
+    from serving.machine import machine_class
 
     if any(count < 0 for _, count in config.worker_kinds()):
         raise StackError("worker counts must be >= 0")
-    if config.http_workers and not config.http_url:
-        raise StackError("--http-workers needs --http-url (the engine's base URL)")
     if config.nats_cluster < 1:
         raise StackError("--nats-cluster must be >= 1")
     if config.nats_url and config.nats_cluster > 1:
@@ -380,7 +384,13 @@ async def run_stack(
 
         # The control plane's NATS side, as `taskfleet serve` runs it: it leads unless another
         # control plane on this NATS already does.
-        control_loops = ControlLoops(registry, nats_url, artifact_source=config.artifact_source)
+        control_loops = ControlLoops(
+            registry,
+            nats_url,
+            artifact_source=config.artifact_source,
+            probe_period_s=config.probe_period_s,
+        )
+        from taskfleet.baseline_builder import fit_baseline
         from taskfleet.suite_registration import rest_suite_reader
         from taskfleet.variant_builder import build_variant
 
@@ -396,6 +406,8 @@ async def run_stack(
             build_variant=build_variant,
             model_roots=config.model_roots,
             allowed_hosts=config.allowed_hosts,
+            fit_baseline=functools.partial(fit_baseline, data_root=config.data_dir),
+            metrics_token=config.metrics_token,
         )
         gateway = create_gateway(
             nats_url,
@@ -430,6 +442,7 @@ async def run_stack(
                     if kind != "torch"
                     else [],
                     artifact_source=config.artifact_source,
+                    machine_class=machine_class(config.device if kind == "torch" else "cpu"),
                 )
                 sidecar.start()
                 sidecars.append(sidecar)

@@ -21,6 +21,7 @@ from registry import entities as e
 from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
 from serving.fleet_watcher import FleetWatcher, decode_heartbeat
+from serving.machine import machine_class as this_machine
 from serving.nats_layout import ensure_layout
 from serving.publisher import PlacementPublisher
 from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
@@ -150,13 +151,16 @@ class LocalFleet:
         gateways: int = 1,
         artifact_source: str | None = None,
         require_auth: bool = False,
+        machine_class: str | None = "this machine",
     ) -> None:
         """``runtimes``: the runtime of each worker (default: all torch). ``separate_caches``:
         each worker its own artifact cache (``cache<i>``), as on separate machines; else one
         shared cache, as `taskfleet up` has. ``gateways``: how many gateways (each its own
         uvicorn thread and NATS connection; ``gateway_urls``; ``gateway_url`` is the first).
         ``artifact_source``: an s3://bucket/prefix instead of the NATS object store.
-        ``require_auth``: gateways that take API keys (``reg.create_api_key``) only."""
+        ``require_auth``: gateways that take API keys (``reg.create_api_key``) only.
+        ``machine_class``: whose runtime profiles the workers apply (default this machine's,
+        as `taskfleet up` passes; None: none)."""
         self.root = root
         self.runtimes = runtimes or ["torch"] * workers
         self.n_workers = len(self.runtimes)
@@ -166,6 +170,7 @@ class LocalFleet:
         self.artifact_source = artifact_source
         self.n_gateways = gateways
         self.require_auth = require_auth
+        self.machine_class = this_machine() if machine_class == "this machine" else machine_class
         self.gateway_urls: list[str] = []
         self._gateway_servers: list[uvicorn.Server] = []
         self.sidecar_args = sidecar_args or [
@@ -231,6 +236,7 @@ class LocalFleet:
                 runtime_flags=runtime_args(runtime) if runtime != "torch" else [],
                 artifact_cache=self.root / f"cache{i}" if self.separate_caches else None,
                 artifact_source=self.artifact_source,
+                machine_class=self.machine_class,
             )
             sidecar.start()
             self.sidecars.append(sidecar)

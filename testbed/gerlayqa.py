@@ -4,9 +4,14 @@ first passages, for the tests and benchmarks that embed real German legal text."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+# The data root the suites read: TASKFLEET_DATA_DIR, else ../shared/data next to the checkout.
+SHARED_DATA = Path(
+    os.environ.get("TASKFLEET_DATA_DIR")
+    or Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+)
 GERLAYQA = SHARED_DATA / "gerlayqa" / "beir"
 
 

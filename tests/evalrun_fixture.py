@@ -17,6 +17,7 @@ def record_run(
     noise: float = 0.0,
     items_per_s: float = 100.0,
     runtime: str | None = None,
+    cpu_ms: float | None = None,
 ) -> int:
     """Per-query nDCG@10 alternates level -/+ noise, so the paired bootstrap has spread.
 
@@ -36,7 +37,8 @@ def record_run(
             main_metric="ndcg_at_10",
             metrics={"ndcg_at_10": mean, "recall_at_100": min(1.0, mean + 0.3)},
             ci={"ndcg_at_10": (mean - 0.02, mean + 0.02)},
-            cost={"items_per_s": items_per_s},
+            cost={"items_per_s": items_per_s}
+            | ({} if cpu_ms is None else {"cpu_ms_per_item": cpu_ms, "peak_memory_mb": 100.0}),
             per_query=per_query,
             runtime=runtime,
         )

@@ -217,6 +217,15 @@ async def put_heartbeat(nats_url: str, task: str, worker_id: str) -> None:
         await nc.close()
 
 
+async def consumer_exists(nats_url: str, task: str) -> bool:
+    """Whether the task's consumer exists (a worker, or a Responder, created it)."""
+    nc = await nats.connect(nats_url)
+    try:
+        return await nats_layout.check_task_consumer(nc.jetstream(), task) is not None
+    finally:
+        await nc.close()
+
+
 async def stream_messages(nats_url: str, task: str) -> int:
     """Messages stored in ``TASKS`` for this task's subject."""
     nc = await nats.connect(nats_url)

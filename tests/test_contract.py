@@ -4,7 +4,14 @@ the headers, the error codes with their retryability)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
+import subprocess
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +22,7 @@ from registry.errors import InvalidInput
 from registry.kinds import check_name
 from serving import nats_layout as layout
 from serving import protocol
+from taskfleet.stack import find_sidecar_binary
 from tests.conftest import REPO
 
 
@@ -99,6 +107,109 @@ def test_no_python_module_writes_a_declared_header_or_subject_by_hand() -> None:
             text = path.read_text()
             found += [f"{path.relative_to(REPO)}: {lit}" for lit in literals if lit in text]
     assert not found, found
+
+
+def _product_code(path: Path) -> str:
+    """A Rust file without its tests (`#[cfg(test)]` onwards) and comments."""
+    code = path.read_text().split("#[cfg(test)]")[0]
+    return "\n".join(line.split("//")[0] for line in code.splitlines())
+
+
+def test_no_sidecar_module_writes_a_declared_header_or_subject_by_hand() -> None:
+    """The same rule for the Rust side: sidecar/src reads them from contract.rs."""
+    literals = {
+        *(f'"{h}"' for h in vars(HEADERS).values()),
+        f'"{NATS.streams.tasks.subject_prefix}"',
+        f'"{NATS.streams.dlq.subject_prefix}"',
+        f'"{NATS.task_consumer.name_prefix}"',
+        f'"{NATS.streams.tasks.name}"',
+        f'"{NATS.streams.dlq.name}"',
+    }
+    found = []
+    for path in (REPO / "sidecar" / "src").rglob("*.rs"):
+        if path.name.endswith("_test.rs"):
+            continue
+        code = _product_code(path)
+        found += [f"{path.relative_to(REPO)}: {lit}" for lit in literals if lit in code]
+    assert not found, found
+
+
+@cache
+def _sidecar_reading() -> dict[str, Any]:
+    """What the real sidecar binary read from the file and builds from it."""
+    binary = find_sidecar_binary()
+    done = subprocess.run(
+        [str(binary), "--print-contract"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    reading: dict[str, Any] = json.loads(done.stdout)
+    return reading
+
+
+def _plain(value: Any) -> Any:
+    """A nats-py value as JSON writes it (enums by their value)."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def test_the_sidecar_reads_the_declared_file_as_python_does() -> None:
+    """Both languages load the one file; a key either side reads differently (a type, a
+    default, a name) shows up here."""
+    python = json.loads(json.dumps(dataclasses.asdict(contract.DECLARED)))
+    assert _sidecar_reading()["contract"] == python
+
+
+def test_the_sidecar_builds_the_jetstream_objects_python_builds() -> None:
+    """The configurations each side sends the server, in the JetStream API's units
+    (nanoseconds); a key the sidecar leaves at its zero default is written by neither."""
+    rust = _sidecar_reading()
+    keys = ("name", "subjects", "retention", "storage", "max_age", "duplicate_window")
+    for name, config in (
+        ("tasks_stream", layout.tasks_stream_config()),
+        ("dlq_stream", layout.dlq_stream_config()),
+    ):
+        python = config.as_dict()
+        assert {k: rust[name].get(k, 0) for k in keys} == {
+            k: _plain(python.get(k, 0)) for k in keys
+        }, name
+    consumer = layout.task_consumer_config("alpha").as_dict()
+    keys = ("durable_name", "filter_subject", "ack_policy", "ack_wait", "max_deliver")
+    assert {k: rust["task_consumer_alpha"][k] for k in keys} == {
+        k: _plain(consumer[k]) for k in keys
+    }
+    for bucket in ("placements", "workers"):
+        kv = layout.kv_config(getattr(NATS.kv, bucket))
+        assert rust["kv"][bucket] == {
+            "bucket": kv.bucket,
+            "history": kv.history,
+            "max_age": round((kv.ttl or 0) * 1e9),
+        }
+    payloads = NATS.object_stores.payloads
+    assert (rust["payloads"]["bucket"], rust["payloads"]["max_age"]) == (
+        payloads.bucket,
+        round((payloads.ttl_s or 0) * 1e9),
+    )
+
+
+def test_the_sidecar_answers_with_declared_codes_retryable_as_declared() -> None:
+    """INTERNAL was retryable in sidecar/src/error.rs and not in httpapi/errors.py."""
+    emitted = _sidecar_reading()["codes"]
+    assert set(emitted) <= set(ERROR_CODES)
+    assert {c: e["retryable"] for c, e in emitted.items()} == {
+        c: ERROR_CODES[c].retryable for c in emitted
+    }
+    assert emitted["INTERNAL"]["retryable"] is False
+    # The codes its runtimes answer with on the socket are Python's socket codes.
+    socket = {c for c, e in emitted.items() if e["socket"]}
+    assert socket == contract.SOCKET_CODES == {c.value for c in protocol.SocketErrorCode}
+
+
+def test_the_sidecar_applies_the_registrys_task_name_rule() -> None:
+    """The sidecar accepted any case and any length ("German-legal", 129 characters)."""
+    names = _sidecar_reading()["task_names"]
+    assert names["allowed"] == {
+        n: TASK_NAME.allows(n) for n in (*TASK_NAME.examples_valid, *TASK_NAME.examples_invalid)
+    }
+    assert names["rule"] == TASK_NAME.describe()
 
 
 def _declared_with(old: str, new: str) -> str:

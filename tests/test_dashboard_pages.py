@@ -256,3 +256,34 @@ def test_fleet_view_desired_vs_reported(seeded: Registry) -> None:
     page = TestClient(app).get("/fleet").text
     assert 'id="fleet-unreachable"' in page and "no worker is reachable now" in page
     assert page.count('badge no">unreachable') == 2
+
+
+def test_fleet_view_shows_runtime_profiles_and_what_each_worker_applies(seeded: Registry) -> None:
+    from registry.entities import ProfileCreate, RuntimeSettings
+
+    client = TestClient(create_app(seeded, require_auth=False))
+    page = client.get("/fleet").text
+    assert "None: every worker runs the defaults." in page
+    profile = seeded.record_profile(
+        ProfileCreate(
+            model="base-a", machine_class="cpu:Test CPU x2",
+            settings=RuntimeSettings(engine="onnx", intra_op_threads=2), task=TASK,
+            p99_bound_ms=500.0, throughput=45.0, default_throughput=30.0,
+        )
+    )  # fmt: skip
+    seeded.record_worker_report(
+        WorkerReport(
+            worker_id="w1", host="w1.local", reported_at=datetime.now(UTC), loaded=[CHAMPION],
+            memory_used=1, memory_budget=2, queue_depth={}, runtimes=["torch"],
+            epochs={TASK: 2}, profiles={TASK: profile.id},
+        )
+    )  # fmt: skip
+    report(seeded, "w2", epoch=2)  # another machine class: no profile applied
+    page = client.get("/fleet").text
+    row = re.search(rf'<tr data-profile="{profile.id}">(.*?)</tr>', page, re.S)
+    assert row and "cpu:Test CPU x2" in row.group(1) and "1.50x" in row.group(1)
+    assert "engine=onnx, intra_op_threads=2" in row.group(1)
+    w1 = re.search(r'<tr class="[^"]*" data-worker="w1">(.*?)</tr>', page, re.S)
+    w2 = re.search(r'<tr class="[^"]*" data-worker="w2">(.*?)</tr>', page, re.S)
+    assert w1 and f"{TASK}: profile {profile.id}" in w1.group(1)
+    assert w2 and "defaults<" in w2.group(1) and ": profile" not in w2.group(1)

@@ -104,7 +104,8 @@ def test_taskfleet_worker_joins_with_its_runtime(fleet: LocalFleet, tmp_path: Pa
 def test_taskfleet_worker_refuses_bad_settings_in_one_line(tmp_path: Path) -> None:
     for args, message in (
         (["--runtime", "onnx"], "unknown runtime 'onnx'"),
-        (["--runtime", "http"], "http workers need the engine's base URL"),
+        # Without --http-url an http worker serves endpoint models (each names its URL).
+        (["--runtime", "http", "--http-url", "ftp://x"], "must start with http:// or https://"),
     ):
         proc = subprocess.run(
             [

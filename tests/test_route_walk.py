@@ -111,6 +111,7 @@ def control_plane_calls(tmp: Path) -> list[Call]:
         Call("GET", "/docs-assets/*", "/docs-assets/swagger-ui.css", PUBLIC),
         Call("GET", "/static/*", "/static/dashboard.css", PUBLIC),
         Call("GET", "/healthz", "/healthz", PUBLIC),
+        Call("GET", "/metrics", "/metrics", expect(ok=403, none=403)),
         Call("GET", "/login", "/login", PUBLIC),
         Call("GET", "/", "/", expect(ok=303, none=303)),
         Call("GET", "/api/v1/tasks", "/api/v1/tasks", READ),

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from registry import entities as e
 from registry.access import Principal, visible_workers
+from registry.costs import Cost, serving_cost
 from registry.placements import CANDIDATE_CHANGES
 from registry.service import Registry
 
@@ -22,6 +23,8 @@ class Standing:
     run: e.EvalRun | None
     check: e.PromotionCheck | None  # None for the champion
     is_champion: bool
+    cost: Cost | None = None  # serving cost per million items, from the run
+    stale: bool = False  # an endpoint model that no longer answers its probe as registered
 
     @property
     def score(self) -> float | None:
@@ -64,6 +67,11 @@ class TaskPage:
     standings: list[Standing]
     history: list[e.Promotion]
     placement: e.PlacementStatus | None
+    recommendation: e.Recommendation | None = None
+
+    @property
+    def champion_stale(self) -> bool:
+        return any(s.is_champion and s.stale for s in self.standings)
 
     @property
     def last_change(self) -> e.Promotion | None:
@@ -105,16 +113,24 @@ def task_page(reg: Registry, task: str) -> TaskPage:
     info = reg.get_task(task)
     champ = reg.champion(task)
     board = reg.leaderboard(task)
+    models = {m.name: m for m in reg.list_models()}
     standings = []
     for cand in reg.list_candidates(task):
         is_champ = champ is not None and cand.id == champ.id
         check = None if is_champ else reg.check_promotion(task, cand.name)
-        standings.append(Standing(cand, board.get(cand.name), check, is_champ))
+        run = board.get(cand.name)
+        model = models.get(cand.base_model or "")
+        price = model.price_per_million if model else None
+        cost = serving_cost(run.cost, endpoint_price_per_million=price) if run else None
+        stale = model.stale if model else False
+        standings.append(Standing(cand, run, check, is_champ, cost, stale))
     # Champion first, then the best-scoring challengers; never-evaluated candidates last.
     standings.sort(key=lambda s: (not s.is_champion, s.score is None, -(s.score or 0.0)))
     status = next((p for p in reg.placement_status() if p.task == task), None)
     suite = reg.get_suite(info.suite)
-    return TaskPage(info, suite, champ, standings, reg.list_promotions(task), status)
+    return TaskPage(
+        info, suite, champ, standings, reg.list_promotions(task), status, reg.recommend(task)
+    )
 
 
 # ---- lineage ------------------------------------------------------------------------------
@@ -203,6 +219,7 @@ class FleetPage:
     placements: list[e.PlacementStatus]
     stale_after_s: float
     now: datetime
+    profiles: list[e.RuntimeProfile] = field(default_factory=list)  # `taskfleet tune`'s
 
     @property
     def unreachable(self) -> bool:
@@ -235,7 +252,9 @@ def fleet_page(
         age = (now - worker.seen_at).total_seconds()
         views.append(WorkerView(worker, age, worker.reachable and age <= stale_after_s))
     placements = [p for p in reg.placement_status() if who.allows(p.task)]
-    return FleetPage(views, placements, stale_after_s, now)
+    # A task-scoped key sees the profiles tuned on its own tasks' traffic.
+    profiles = [p for p in reg.list_profiles() if who.allows(p.task)]
+    return FleetPage(views, placements, stale_after_s, now, profiles)
 
 
 # ---- suites -------------------------------------------------------------------------------

@@ -255,6 +255,24 @@ class Dispatcher:
             for info in await js.consumers_info(nats_layout.TASKS_STREAM)
             if (info.name or "").startswith(nats_layout.CONSUMER_PREFIX)
         ]
+        # Requests of a task no worker has served yet wait in the stream without a consumer:
+        # all of them are pending.
+        stored = await js.stream_info(
+            nats_layout.TASKS_STREAM, subjects_filter=nats_layout.TASKS_SUBJECT_PREFIX + ">"
+        )
+        consumed = {c.task for c in consumers}
+        for subject, count in (stored.state.subjects or {}).items():
+            task = subject.removeprefix(nats_layout.TASKS_SUBJECT_PREFIX)
+            if task not in consumed:
+                consumers.append(
+                    ConsumerStats(
+                        task=task,
+                        pending=int(count),
+                        ack_pending=0,
+                        redelivered=0,
+                        waiting_pulls=0,
+                    )
+                )
         dlq = await js.stream_info(
             nats_layout.DLQ_STREAM, subjects_filter=nats_layout.DLQ_SUBJECT_PREFIX + ">"
         )
@@ -337,7 +355,7 @@ class Dispatcher:
                     await layout.payloads.put(request_id, packed_inputs)
                     self.metrics.offloaded_payloads.inc()
                     inputs = PayloadRef(ref=request_id)
-                await self._ensure_consumer(js, task)
+                await self._check_consumer(js, task)
             except (nats.errors.Error, TimeoutError) as exc:
                 raise self._queue_unavailable(f"NATS did not take the request: {exc}") from exc
             payload = pack(request.payload(task, inputs))
@@ -408,11 +426,10 @@ class Dispatcher:
         self.metrics.offloaded_replies.inc()
         return reply.with_data(data)
 
-    async def _ensure_consumer(self, js: JetStreamContext, task: str) -> None:
-        # Workers create the consumer too; creating it here means a request queued before any
-        # worker started is already counted in the consumer's pending messages.
-        if task not in self._consumers:
-            await nats_layout.ensure_task_consumer(js, task)
+    async def _check_consumer(self, js: JetStreamContext, task: str) -> None:
+        # Workers create the consumer, with their own ack wait and deliveries; the gateway reads
+        # it once it exists. Before, the request waits in the stream (counted by _read_queue).
+        if task not in self._consumers and await nats_layout.check_task_consumer(js, task):
             self._consumers.add(task)
 
     async def _publish(

@@ -7,20 +7,16 @@ redelivered, dead letters per task, and live workers per task. Worker-side figur
 runtime latency, loads, evictions) come from each sidecar's own ``/metrics``.
 
 The figures name every task and API key, so ``/metrics`` is for the scraper only
-(``check_scraper``): with a metrics token it needs that bearer token; without one it is open
-only when the gateway runs without auth (nothing is private then).
+(``httpapi.scrape.check_scraper``, the control plane's rule too): with a metrics token it needs
+that bearer token; without one it is open only when the gateway runs without auth.
 """
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-from httpapi.tokens import bearer_token
-from serving.gateway.errors import Forbidden, Unauthenticated
 
 # Requests for names that are not tasks are counted under this label, so a scan of random
 # paths cannot grow the label set without bound.
@@ -186,19 +182,3 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def check_scraper(authorization: str | None, *, token: str | None, require_auth: bool) -> None:
-    """Whether a ``/metrics`` request may read the figures (see the module docstring): 401
-    without the metrics token, 403 when auth is on and no token is configured."""
-    if token is None:
-        if require_auth:
-            raise Forbidden(
-                "/metrics is off: its figures name every task and API key. Start the gateway "
-                "with --metrics-token (or TASKFLEET_METRICS_TOKEN) and scrape it with "
-                "'Authorization: Bearer <that token>'"
-            )
-        return
-    sent = bearer_token(authorization)
-    if sent is None or not hmac.compare_digest(sent.encode(), token.encode()):
-        raise Unauthenticated("/metrics needs 'Authorization: Bearer <the metrics token>'")

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from httpapi.handlers import error_response
+from httpapi.scrape import check_scraper
 from serving.gateway import bodies, bodies_classify, bodies_rerank
 from serving.gateway.checks import (
     Outcome,
@@ -30,7 +31,6 @@ from serving.gateway.checks import (
 )
 from serving.gateway.dispatch import TaskBody
 from serving.gateway.errors import Unavailable
-from serving.gateway.metrics import check_scraper
 from serving.gateway.parts import Gateway, gateway_of
 from serving.protocol import ClassifyReplyOk, ScoreReplyOk
 

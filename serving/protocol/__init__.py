@@ -23,6 +23,7 @@ from serving.protocol.bucket_values import (
     ArtifactManifest,
     ManifestFile,
     PlacementValue,
+    RuntimeProfileValue,
     WorkerHeartbeat,
 )
 from serving.protocol.codec import (
@@ -85,6 +86,7 @@ from serving.protocol.socket_ops import (
     InferResult,
     LoadReply,
     LoadRequest,
+    LoadSettings,
     ModelStats,
     ScoreItem,
     ScoreReply,
@@ -131,6 +133,7 @@ __all__ = [
     "InferResult",
     "LoadReply",
     "LoadRequest",
+    "LoadSettings",
     "ManifestFile",
     "ModelStats",
     "PayloadRef",
@@ -139,6 +142,7 @@ __all__ = [
     "QueuePayload",
     "ReplyError",
     "ReplyOk",
+    "RuntimeProfileValue",
     "ScoreItem",
     "ScorePayload",
     "ScoreReply",

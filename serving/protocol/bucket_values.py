@@ -44,6 +44,22 @@ class ArtifactManifest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RuntimeProfileValue:
+    """A runtime profile as placements carry it (registry/profiles.py): the settings tuned for
+    the placement's base model on one machine class. A worker applies the one whose class is
+    its own and no other; None leaves the worker's default."""
+
+    id: int
+    machine_class: str
+    max_batch_tokens: int | None = None
+    max_batch_wait_ms: int | None = None
+    intra_op_threads: int | None = None
+    runtimes: int | None = None
+    max_padding: float | None = None
+    engine: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class PlacementValue:
     v: Literal[1] = 1
     task: str
@@ -63,6 +79,8 @@ class PlacementValue:
     # The runtime kind that serves it ("torch", "candle", "http"); only workers of that kind
     # run the task.
     runtime: str = "torch"
+    # Every runtime profile of the base model, one per machine class (none: the defaults).
+    profiles: list[RuntimeProfileValue] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,3 +100,5 @@ class WorkerHeartbeat:
     # The runtime kind this worker serves (its pool), fixed for the process; replicas are
     # chosen among the live workers of the placement's kind (sidecar/src/members.rs).
     runtime_kind: str | None = None
+    # Task -> id of the runtime profile the worker applies to it (tasks without one: absent).
+    profiles: dict[str, int] | None = None

@@ -42,6 +42,16 @@ class HelloRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoadSettings:
+    """How the runtime runs a model (a runtime profile's runtime knobs); None: its default."""
+
+    intra_op_threads: int | None = None
+    runtimes: int | None = None  # batches of the model the runtime runs at once
+    max_padding: float | None = None
+    engine: str | None = None  # "torch" or "onnx" (the same fp32 graph through ONNX Runtime)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadRequest:
     op: Literal["load"] = "load"
     id: int
@@ -51,6 +61,7 @@ class LoadRequest:
     query_prefix: str
     passage_prefix: str
     max_seq_length: int | None
+    settings: LoadSettings | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -196,7 +196,9 @@ class OnnxModel:
     ``Encoder`` makes: ``tokenizer``, ``max_seq_length``, ``preprocess``, a call on the
     features returning ``sentence_embedding``, the embedding size."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, threads: int | None = None) -> None:
+        """``threads``: intra-op threads (default: the runtime's OMP_NUM_THREADS, else one per
+        core)."""
         import onnxruntime as ort
         from transformers import AutoTokenizer
 
@@ -212,7 +214,7 @@ class OnnxModel:
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = _session_threads()
+        options.intra_op_num_threads = threads or _session_threads()
         options.inter_op_num_threads = 1
         if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
             # Like libgomp's passive wait (serving/runtime/server.py cpu_thread_defaults): the

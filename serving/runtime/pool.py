@@ -10,8 +10,15 @@ passes whatever their adapters: each LoRA layer adds every row's own adapter del
 ``mixed_adapters=False`` fall back to one group of passes per (model key, kind) with that adapter
 activated, as peft runs them; ``score`` and ``classify`` run one group per model key.
 
+A base folder that is a fitted lexical baseline (serving/runtime/baseline_artifact.py: ``tfidf-lr``
+classifies, ``bm25`` scores) is held beside the torch models under its key, with no encoder and
+no adapter; the ops it cannot do answer ``UnsupportedOpError``.
+
 Not thread-safe: the socket server confines every call except :meth:`ModelPool.snapshot` to
-its single inference thread. ``snapshot`` reads an immutable tuple that is swapped atomically.
+its single inference thread, but for ``encode`` of one model key loaded with ``runtimes`` > 1
+(a model without adapter: no adapter state is touched), which runs on that many threads of its
+own, sharing the weights and taking turns at the tokenizer (``engines.share_tokenizer``).
+``snapshot`` reads an immutable tuple that is swapped atomically.
 """
 
 from __future__ import annotations
@@ -25,10 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from serving.protocol import ModelStats, TextKind
+from serving.protocol import LoadSettings, ModelStats, TextKind
+from serving.runtime import engines
+from serving.runtime.baseline_artifact import (
+    Baseline,
+    BaselineError,
+    baseline_kind,
+    is_baseline,
+    load_baseline,
+)
 from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
 from serving.runtime.encoder import (
+    VARIANT_MANIFEST,
     Encoder,
     ModelLoadError,
     ModelSpec,
@@ -41,6 +57,7 @@ from serving.runtime.encoder import (
     refuse_adapter_on_variant,
 )
 from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head, with_head_limit
+from serving.runtime.lexical import Bm25, TfidfLogReg
 from serving.runtime.scorer import Scorer
 
 
@@ -77,6 +94,21 @@ class _Loaded:
     adapter_bytes: int
     encoder: Encoder
     head: tuple[HeadSpec, Any] | None = None
+    settings: LoadSettings | None = None  # as the load asked
+    applied: engines.Applied = field(default_factory=engines.Applied)  # as the model takes them
+
+
+@dataclass(frozen=True)
+class _LoadedBaseline:
+    spec: ModelSpec
+    model: Baseline
+
+    def unable(self, model_key: str, op: str) -> UnsupportedOpError:
+        kind = baseline_kind(self.model)
+        does = "classifies" if isinstance(self.model, TfidfLogReg) else "scores documents"
+        return UnsupportedOpError(
+            f"model {model_key!r} is a {kind} baseline: it {does} only (no {op})"
+        )
 
 
 @dataclass(frozen=True)
@@ -142,36 +174,50 @@ class ModelPool:
         self.max_padding = max_padding
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Loaded] = {}
+        self._baselines: dict[str, _LoadedBaseline] = {}
         self._adapter_counter = 0
         self._snapshot: tuple[int, tuple[ModelStats, ...]] = (0, ())
 
     # ------------------------------------------------------------------ load / unload
 
-    def load(self, model_key: str, spec: ModelSpec) -> int:
-        """Load ``spec`` under ``model_key``; returns the bytes this load added (0 if present)."""
+    def load(self, model_key: str, spec: ModelSpec, settings: LoadSettings | None = None) -> int:
+        """Load ``spec`` under ``model_key``, run as ``settings`` ask (``engines.applied``);
+        returns the bytes this load added (0 if present). A fitted baseline takes no settings."""
+        if is_baseline(spec.base_path):
+            return self._load_baseline(model_key, spec)
         check_adapter_folder(spec.adapter_path)
         refuse_adapter_on_variant(spec)
         try:
             spec = with_head_limit(spec)
-        except HeadError as exc:
+            how = engines.applied(settings, has_adapter=spec.adapter_path is not None)
+        except (HeadError, engines.EngineError) as exc:
             raise ModelLoadError(str(exc)) from exc
         existing = self._models.get(model_key)
         if existing is not None:
-            if existing.spec != spec:
+            if (existing.spec, existing.settings) != (spec, settings):
                 raise ModelKeyConflictError(
                     f"model key {model_key!r} is already loaded with a different spec; "
                     "unload it first"
                 )
             return 0
+        if how.threads is not None and how.engine == "torch" and not self.device.startswith("cuda"):
+            import torch
+
+            # Process-wide in torch: the newest load sets it for every torch model here.
+            torch.set_num_threads(how.threads)
         added = 0
+        # An engine other than torch is a base of its own (its own weights in memory).
         base_key = str(spec.base_path.resolve())
+        if how.engine != "torch":
+            base_key += f"#{how.engine}-t{how.threads or 0}"
         base = self._bases.get(base_key)
         if base is None:
-            base_spec = ModelSpec(base_path=spec.base_path)
-            model = load_sentence_transformer(base_spec, device=self.device)
+            model = self._load_base(spec.base_path, how)
             base = _Base(base_key, model, module_bytes(model), int(model.max_seq_length))
             self._bases[base_key] = base
             added += base.memory_bytes
+        if how.runtimes > 1:
+            engines.share_tokenizer(base.model)
         try:
             head = _load_head(spec.adapter_path)
             adapter_name, adapter_bytes = self._attach(base, spec.adapter_path)
@@ -185,18 +231,60 @@ class ModelPool:
             device=self.device,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_size=self.max_batch_size,
-            max_padding=self.max_padding,
+            max_padding=how.max_padding if how.max_padding is not None else self.max_padding,
             model=base.model,
         )
         base.users.add(model_key)
         self._models[model_key] = _Loaded(
-            model_key, spec, base, adapter_name, adapter_bytes, encoder, head
+            model_key, spec, base, adapter_name, adapter_bytes, encoder, head, settings, how
         )
         self._publish()
         return added + adapter_bytes
 
+    def _load_baseline(self, model_key: str, spec: ModelSpec) -> int:
+        existing = self._baselines.get(model_key)
+        if existing is not None:
+            if existing.spec != spec:
+                raise ModelKeyConflictError(
+                    f"model key {model_key!r} is already loaded with a different spec; "
+                    "unload it first"
+                )
+            return 0
+        if spec.adapter_path is not None:
+            raise ModelLoadError(
+                f"{spec.base_path} is a lexical baseline: it takes no adapter ({spec.adapter_path})"
+            )
+        try:
+            model = load_baseline(spec.base_path)
+        except BaselineError as exc:
+            raise ModelLoadError(str(exc)) from None
+        self._baselines[model_key] = _LoadedBaseline(spec, model)
+        self._publish()
+        return model.memory_bytes
+
+    def _load_base(self, base_path: Path, how: engines.Applied) -> Any:
+        if how.engine == "onnx":
+            if (base_path / VARIANT_MANIFEST).is_file():
+                raise ModelLoadError(f"{base_path} is a variant already: no engine applies")
+            try:
+                return engines.onnx_engine(base_path, how.threads)
+            except engines.EngineError as exc:
+                raise ModelLoadError(str(exc)) from exc
+            except Exception as exc:  # the export: torch.onnx's and onnxruntime's own types
+                raise ModelLoadError(f"cannot export {base_path} to ONNX: {exc}") from exc
+        return load_sentence_transformer(ModelSpec(base_path=base_path), device=self.device)
+
+    def runtimes(self, model_key: str) -> int:
+        """How many batches of the model may run at once (1 unless its profile says more)."""
+        loaded = self._models.get(model_key)
+        return loaded.applied.runtimes if loaded is not None else 1
+
     def unload(self, model_key: str) -> int:
         """Drop ``model_key``; returns the bytes freed (its adapter, and the base if last)."""
+        baseline = self._baselines.pop(model_key, None)
+        if baseline is not None:
+            self._publish()
+            return baseline.model.memory_bytes
         loaded = self._models.pop(model_key, None)
         if loaded is None:
             raise ModelNotLoadedError(f"model {model_key!r} is not loaded")
@@ -245,6 +333,9 @@ class ModelPool:
     def encode(self, items: Sequence[EncodeItem]) -> list[np.ndarray]:
         """Embeddings per item, in item order. Unknown keys fail before any work is done."""
         self._check_loaded(i.model_key for i in items)
+        for item in items:
+            if item.model_key in self._baselines:
+                raise self._baselines[item.model_key].unable(item.model_key, "embed")
         results: list[np.ndarray | None] = [None] * len(items)
         # Rows of one base and one sequence length share their tokenisation and passes.
         shared: dict[tuple[str, int], list[int]] = {}
@@ -331,6 +422,13 @@ class ModelPool:
         self._check_loaded(i.model_key for i in items)
         results: list[np.ndarray | None] = [None] * len(items)
         for model_key, indices in _groups(i.model_key for i in items).items():
+            baseline = self._baselines.get(model_key)
+            if baseline is not None:
+                if not isinstance(baseline.model, Bm25):
+                    raise baseline.unable(model_key, "score")
+                for i in indices:
+                    results[i] = baseline.model.score(items[i].query, items[i].passages)
+                continue
             loaded = self._models[model_key]
             scorer = self._scorer(loaded)
             with self._activated(loaded):
@@ -344,6 +442,14 @@ class ModelPool:
         self._check_loaded(i.model_key for i in items)
         results: list[tuple[list[str], np.ndarray] | None] = [None] * len(items)
         for model_key, indices in _groups(i.model_key for i in items).items():
+            baseline = self._baselines.get(model_key)
+            if baseline is not None:
+                if not isinstance(baseline.model, TfidfLogReg):
+                    raise baseline.unable(model_key, "classify")
+                for i in indices:
+                    probabilities = baseline.model.predict_proba(items[i].texts)
+                    results[i] = (list(baseline.model.labels), probabilities)
+                continue
             loaded = self._models[model_key]
             self._refuse_variant(loaded, "classify")
             if loaded.head is None or loaded.head[0].kind != "classify":
@@ -375,7 +481,7 @@ class ModelPool:
         return Scorer(loaded.encoder, loaded.head)
 
     def _check_loaded(self, keys: Iterable[str]) -> None:
-        missing = sorted({k for k in keys if k not in self._models})
+        missing = sorted({k for k in keys if k not in self._models and k not in self._baselines})
         if missing:
             raise ModelNotLoadedError(f"model(s) not loaded: {', '.join(map(repr, missing))}")
 
@@ -404,6 +510,7 @@ class ModelPool:
     def _publish(self) -> None:
         total = sum(b.memory_bytes for b in self._bases.values())
         total += sum(m.adapter_bytes for m in self._models.values())
+        total += sum(b.model.memory_bytes for b in self._baselines.values())
         models = tuple(
             ModelStats(
                 model_key=m.model_key,
@@ -412,6 +519,13 @@ class ModelPool:
                 base_key=m.base.key,
             )
             for m in self._models.values()
+        ) + tuple(
+            ModelStats(
+                model_key=key,
+                memory_bytes=b.model.memory_bytes,
+                base_key=str(b.spec.base_path.resolve()),
+            )
+            for key, b in self._baselines.items()
         )
         self._snapshot = (total, models)
 

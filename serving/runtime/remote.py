@@ -2,8 +2,11 @@
 
 Those runtimes live in the Rust sidecar. ``taskfleet-sidecar --serve-socket PATH --runtime
 candle|http`` serves them over the same socket protocol the PyTorch runtime speaks
-(docs/protocol.md), and :class:`RemoteEncoder` drives it with ``load``/``infer``: the eval harness
-scores a candidate *through* a runtime with exactly the code that serves it.
+(docs/protocol.md), and :class:`RemoteEncoder` drives it with ``load``/``infer``
+(:class:`RemoteScorer` with ``load``/``score``, for rerank): the eval harness scores a candidate
+*through* a runtime with exactly the code that serves it. An endpoint model (an external
+embeddings or rerank API, serving/endpoints.py) is reached through the http runtime this way; its
+folder's record names the URL, so the runtime needs no ``http_base_url`` for it.
 
 ``RuntimeTarget`` names the runtime; :func:`open_encoder` gives an encoder for a ``ModelSpec``
 on it (the in-process :class:`~serving.runtime.encoder.Encoder` for ``torch``).
@@ -17,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +34,8 @@ RUNTIME_KINDS = ("torch", "candle", "http")
 # Texts per infer request: small enough for steady progress, large enough for the runtime's
 # own token batching to sort by length.
 TEXTS_PER_REQUEST = 256
+# (query, passages) items per score request (a rerank query has ~30 passages).
+ITEMS_PER_SCORE_REQUEST = 8
 
 
 class RemoteRuntimeError(ModelLoadError):
@@ -50,8 +55,6 @@ class RuntimeTarget:
     def __post_init__(self) -> None:
         if self.kind not in RUNTIME_KINDS:
             raise ValueError(f"unknown runtime {self.kind!r}; known: {', '.join(RUNTIME_KINDS)}")
-        if self.kind == "http" and not self.http_base_url:
-            raise ValueError("the http runtime needs the engine's base URL (--http-url)")
 
 
 class TextEncoder(Protocol):
@@ -172,8 +175,8 @@ class SidecarRuntime:
         self._dir.cleanup()
 
 
-class RemoteEncoder:
-    """Encodes a ``ModelSpec`` on the Candle or HTTP runtime of a sidecar it starts."""
+class _RemoteModel:
+    """One model loaded under :attr:`MODEL_KEY` on a sidecar runtime this object started."""
 
     MODEL_KEY = "eval"
 
@@ -194,6 +197,18 @@ class RemoteEncoder:
         except BaseException:
             self.runtime.close()
             raise
+
+    @property
+    def runtime_pid(self) -> int:
+        """The runtime process, whose CPU and memory an eval counts as the candidate's cost."""
+        return self.runtime.process.pid
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+class RemoteEncoder(_RemoteModel):
+    """Encodes a ``ModelSpec`` on the Candle or HTTP runtime of a sidecar it starts."""
 
     @property
     def max_seq_length(self) -> int:
@@ -227,5 +242,41 @@ class RemoteEncoder:
         parts = [vectors for _, vectors, _ in self.iter_batches(texts, kind)]
         return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
-    def close(self) -> None:
-        self.runtime.close()
+
+class RemoteScorer(_RemoteModel):
+    """Scores (query, passages) items with the runtime's ``score`` op: a bi-encoder's cosines
+    or a rerank API's scores, as the runtime computes them for the fleet."""
+
+    def score(
+        self,
+        items: Sequence[tuple[str, Sequence[str]]],
+        stats: EncodeStats | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[np.ndarray]:
+        stats = stats if stats is not None else EncodeStats()
+        out: list[np.ndarray] = []
+        for start in range(0, len(items), ITEMS_PER_SCORE_REQUEST):
+            chunk = items[start : start + ITEMS_PER_SCORE_REQUEST]
+            started = time.perf_counter()
+            reply: p.ScoreReply = self.runtime.client.call(
+                "score",
+                batch_id=f"eval-{start}",
+                items=[
+                    {"model_key": self.MODEL_KEY, "query": q, "passages": list(passages)}
+                    for q, passages in chunk
+                ],
+            )
+            elapsed = time.perf_counter() - started
+            pairs = sum(len(passages) for _, passages in chunk)
+            stats.add(
+                EncodeStats(
+                    items=pairs,
+                    tokens=sum(len(q) // 4 + sum(len(d) // 4 for d in ds) for q, ds in chunk),
+                    seconds=elapsed,
+                    batch_latencies=[elapsed],
+                )
+            )
+            out.extend(result.array() for result in reply.results)
+            if on_batch is not None:
+                on_batch(pairs)
+        return out

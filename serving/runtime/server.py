@@ -3,9 +3,12 @@
     python -m serving.runtime.server --socket /run/taskfleet/torch-0.sock [--device cpu]
 
 Loads, unloads and inference run one at a time in a single worker thread (they all touch the
-shared base models), so the event loop keeps answering `hello` and `stats` while a batch runs.
-Replies go out in completion order, each carrying its request's id. When a batch op ends with
-no other one waiting, what it freed goes back to the system (``memory.trim``).
+shared base models), so the event loop keeps answering `hello` and `stats` while a batch runs;
+the one exception is an embed batch of a model loaded with ``runtimes`` N > 1 (a runtime
+profile's knob, ``serving/runtime/engines.py``), which runs on that model's own N threads, so
+N of its batches run at once. Replies go out in completion order, each carrying its request's
+id. When a batch op ends with no other one waiting, what it freed goes back to the system
+(``memory.trim``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class RuntimeServer:
         self.socket_path = socket_path
         self.max_frame_bytes = max_frame_bytes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+        # Model key -> its own threads, for a model loaded with runtimes > 1.
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
         # Infer batches submitted to the worker thread but not started; the thread decrements.
         self._waiting = 0
         self._waiting_lock = threading.Lock()
@@ -81,6 +86,8 @@ class RuntimeServer:
             for task in list(self._tasks):
                 task.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            for lane in self._lanes.values():
+                lane.shutdown(wait=False, cancel_futures=True)
             log.info("stopped")
 
     # ------------------------------------------------------------------ connection
@@ -153,10 +160,20 @@ class RuntimeServer:
                     passage_prefix=request.passage_prefix,
                     max_seq_length=request.max_seq_length,
                 )
-                added = await self._in_worker(self.pool.load, request.model_key, spec)
+                added = await self._in_worker(
+                    self.pool.load, request.model_key, spec, request.settings
+                )
+                lanes = self.pool.runtimes(request.model_key)
+                if lanes > 1 and request.model_key not in self._lanes:
+                    self._lanes[request.model_key] = ThreadPoolExecutor(
+                        max_workers=lanes, thread_name_prefix=f"infer-{request.model_key}"
+                    )
                 return p.LoadReply(id=request.id, model_key=request.model_key, memory_bytes=added)
             case p.UnloadRequest():
                 freed = await self._in_worker(self.pool.unload, request.model_key)
+                lane = self._lanes.pop(request.model_key, None)
+                if lane is not None:
+                    lane.shutdown(wait=False)
                 return p.UnloadReply(id=request.id, model_key=request.model_key, memory_bytes=freed)
             case p.InferRequest():
                 return await self._infer(request)
@@ -195,7 +212,9 @@ class RuntimeServer:
 
     async def _infer(self, request: p.InferRequest) -> p.InferReply:
         items = [EncodeItem(i.model_key, i.kind, i.texts) for i in request.items]
-        matrices = await self._queued(self.pool.encode, items, request)
+        keys = {i.model_key for i in items}
+        lane = self._lanes.get(next(iter(keys))) if len(keys) == 1 else None
+        matrices = await self._queued(self.pool.encode, items, request, lane)
         return p.InferReply(
             id=request.id,
             batch_id=request.batch_id,
@@ -225,8 +244,10 @@ class RuntimeServer:
         fn: Callable[[Any], T],
         items: Any,
         request: p.InferRequest | p.ScoreRequest | p.ClassifyRequest,
+        lane: ThreadPoolExecutor | None = None,
     ) -> T:
-        """Run one batch op in the worker thread, counted as waiting until it starts."""
+        """Run one batch op in the worker thread (or the model's own ``lane``), counted as
+        waiting until it starts."""
         started = threading.Event()
         with self._waiting_lock:
             self._waiting += 1
@@ -248,6 +269,8 @@ class RuntimeServer:
                     memory.trim()
 
         try:
+            if lane is not None:
+                return await asyncio.get_running_loop().run_in_executor(lane, run)
             return await self._in_worker(run)
         finally:
             self._leave_queue(started)  # the batch never started when it was cancelled

@@ -24,10 +24,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
-use crate::protocol::{self, ArtifactRef, ErrorBody};
+use crate::protocol::{self, ArtifactRef, Code, ErrorBody};
 use crate::s3::S3Source;
 
-pub const ARTIFACTS_BUCKET: &str = "artifacts";
+/// The declared object store of artifacts (contract/shared.toml).
+fn artifacts_bucket() -> &'static str {
+    &crate::contract::declared()
+        .nats
+        .object_stores
+        .artifacts
+        .bucket
+}
 pub const FORMAT: &str = "tree-v1";
 
 #[derive(Debug, Deserialize)]
@@ -59,7 +66,7 @@ pub enum Source {
 impl Source {
     pub fn describe(&self) -> String {
         match self {
-            Source::Nats(_) => format!("object store {ARTIFACTS_BUCKET}"),
+            Source::Nats(_) => format!("object store {}", artifacts_bucket()),
             Source::S3(s3, _) => s3.describe(),
         }
     }
@@ -101,7 +108,7 @@ pub struct ArtifactCache {
 }
 
 fn load_failed(message: String, retryable: bool) -> Error {
-    Error::Runtime(ErrorBody::new("LOAD_FAILED", &message, retryable))
+    Error::Runtime(ErrorBody::new(Code::LoadFailed, &message).retryable(retryable))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -297,8 +304,8 @@ impl ArtifactCache {
     async fn nats_store(&self, js: &jetstream::Context) -> Result<object_store::ObjectStore> {
         self.store
             .get_or_try_init(|| async {
-                js.get_object_store(ARTIFACTS_BUCKET).await.map_err(|e| {
-                    load_failed(format!("no object store {ARTIFACTS_BUCKET}: {e}"), true)
+                js.get_object_store(artifacts_bucket()).await.map_err(|e| {
+                    load_failed(format!("no object store {}: {e}", artifacts_bucket()), true)
                 })
             })
             .await
@@ -441,7 +448,7 @@ impl ArtifactCache {
         let staging = staging_root.join(format!(
             "{digest}-{}-{}",
             std::process::id(),
-            crate::worker::now_ms()
+            crate::clock::now_ms()
         ));
         tokio::fs::create_dir_all(&staging).await?;
         let written = self.write_files(&manifest, &staging).await;

@@ -1,7 +1,7 @@
 //! The one error type of the sidecar. Inner code returns precise variants; the worker turns
 //! them into the public error shape (`ErrorBody`) at the edge, when it replies to a request.
 
-use crate::protocol::ErrorBody;
+use crate::protocol::{Code, ErrorBody};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -25,6 +25,11 @@ pub enum Error {
     /// The runtime is not running or its socket closed while a request was in flight.
     #[error("runtime unavailable: {0}")]
     RuntimeUnavailable(String),
+    /// The external engine or API behind the http runtime is down, timed out or overloaded.
+    /// Every worker would fail alike, so the request is answered at once, retryable, instead
+    /// of being retried here until its deadline.
+    #[error("engine unavailable: {0}")]
+    EngineUnavailable(String),
     /// The runtime broke the socket protocol (oversized frame, reply without id, ...).
     #[error("runtime protocol violation: {0}")]
     Protocol(String),
@@ -54,18 +59,17 @@ impl Error {
         }
     }
 
-    /// The public error shape for a reply to the requester.
+    /// The public error shape for a reply to the requester, retryable as contract/shared.toml
+    /// declares its code (a runtime's own body as it said).
     pub fn to_body(&self) -> ErrorBody {
         match self {
             Error::Runtime(body) => body.clone(),
-            Error::BadPayload(message) => ErrorBody::new("BAD_REQUEST", message, false),
-            Error::RuntimeUnavailable(message) => {
-                ErrorBody::new("RUNTIME_UNAVAILABLE", message, true)
+            Error::BadPayload(message) => ErrorBody::new(Code::BadRequest, message),
+            Error::RuntimeUnavailable(message) | Error::EngineUnavailable(message) => {
+                ErrorBody::new(Code::RuntimeUnavailable, message)
             }
-            Error::ReplyUndeliverable(message) => {
-                ErrorBody::new("REPLY_UNDELIVERABLE", message, false)
-            }
-            other => ErrorBody::new("INTERNAL", &other.to_string(), true),
+            Error::ReplyUndeliverable(message) => ErrorBody::new(Code::ReplyUndeliverable, message),
+            other => ErrorBody::new(Code::Internal, &other.to_string()),
         }
     }
 

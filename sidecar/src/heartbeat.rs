@@ -9,10 +9,11 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::protocol::{self, WorkerHeartbeat, PROTOCOL_VERSION};
 use crate::residency::Residency;
 use crate::runtime::supervisor::Runtime;
-use crate::worker::{now_ms, TaskStatuses};
+use crate::worker::TaskStatuses;
 
 pub struct Heartbeat {
     pub worker_id: String,
@@ -30,10 +31,14 @@ impl Heartbeat {
     pub fn snapshot(&self) -> WorkerHeartbeat {
         let mut queue_depth = BTreeMap::new();
         let mut epochs = BTreeMap::new();
+        let mut profiles = BTreeMap::new();
         for (task, status) in self.statuses.lock().expect("statuses lock").iter() {
             queue_depth.insert(task.clone(), crate::worker::held_count(status));
             if let Some(serving) = status.serving.lock().expect("serving lock").as_ref() {
                 epochs.insert(task.clone(), serving.epoch);
+                if let Some(profile) = &serving.applied {
+                    profiles.insert(task.clone(), profile.id);
+                }
             }
         }
         WorkerHeartbeat {
@@ -49,6 +54,7 @@ impl Heartbeat {
             epochs,
             started_ms: Some(self.started_ms),
             runtime_kind: Some(self.runtime_kind.clone()),
+            profiles: Some(profiles),
         }
     }
 
@@ -88,6 +94,15 @@ impl Heartbeat {
             Err(e) => tracing::warn!(error = %e, "heartbeat not stored"),
         }
     }
+}
+
+/// A worker id is a KV key of bucket `workers`: letters (any case: it defaults to the host
+/// name), digits, '-' and '_'.
+pub fn valid_worker_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// This machine's host name, for heartbeats.

@@ -1,6 +1,8 @@
 //! taskfleet worker agent: pulls task messages from NATS JetStream, forms batches, runs them on
 //! a local model runtime over a Unix socket and publishes the results.
 
+pub mod clock;
+pub mod contract;
 pub mod error;
 pub mod protocol;
 
@@ -15,3 +17,6 @@ pub mod residency;
 pub mod runtime;
 pub mod s3;
 pub mod worker;
+
+#[cfg(test)]
+mod module_graph_test;

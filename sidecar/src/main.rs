@@ -11,15 +11,16 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use taskfleet_sidecar::artifacts::{ArtifactCache, Source};
-use taskfleet_sidecar::heartbeat::{host_name, Heartbeat};
+use taskfleet_sidecar::heartbeat::{self, host_name, Heartbeat};
 use taskfleet_sidecar::metrics::{metrics, server as metrics_server};
+use taskfleet_sidecar::protocol::Code;
 use taskfleet_sidecar::residency::Residency;
 use taskfleet_sidecar::runtime::http::{HttpConfig, HttpRuntime};
 use taskfleet_sidecar::runtime::supervisor::{Runtime, RuntimeMode};
 use taskfleet_sidecar::runtime::{serve, Backend};
 use taskfleet_sidecar::s3::S3Source;
 use taskfleet_sidecar::worker::{WorkerConfig, Workers};
-use taskfleet_sidecar::{members, nats, placement, Error, Result};
+use taskfleet_sidecar::{contract, members, nats, Error, Result};
 
 /// `--version` names the runtimes built in: `taskfleet up` reads it before it starts workers.
 #[cfg(feature = "candle")]
@@ -106,6 +107,7 @@ struct Cli {
 
     /// http runtime: base URL of the engine's OpenAI-compatible API; requests go to
     /// `{url}/embeddings` (infinity: http://host:7997; vLLM/TEI/SGLang: http://host:port/v1).
+    /// Without it the worker serves endpoint models only, each at the URL of its record.
     #[arg(long, env = "TASKFLEET_HTTP_BASE_URL")]
     http_base_url: Option<String>,
 
@@ -196,6 +198,13 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_MAX_BATCH_WAIT_MS", default_value_t = 5)]
     max_batch_wait_ms: u64,
 
+    /// The machine class whose runtime profiles this worker applies (`cpu:<model> x<cores>` or
+    /// `gpu:<model>`, as `taskfleet tune` recorded them; `taskfleet worker` and `taskfleet up`
+    /// pass this machine's). A placement's profile of another class is never applied; without
+    /// this flag none is.
+    #[arg(long, env = "TASKFLEET_MACHINE_CLASS")]
+    machine_class: Option<String>,
+
     /// Batches queued in the runtime at once; further requests stay in JetStream for other
     /// workers.
     #[arg(long, env = "TASKFLEET_MAX_INFLIGHT_BATCHES", default_value_t = 2)]
@@ -205,20 +214,27 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_HEARTBEAT_MS", default_value_t = 2000)]
     heartbeat_ms: u64,
 
-    /// `ack_wait` of task consumers this worker creates. Workers send progress acks for every
-    /// message they hold three times per `ack_wait`, so it bounds how long the messages of a
-    /// worker that died stay with it before JetStream redelivers them, not the batch time.
-    #[arg(long, env = "TASKFLEET_ACK_WAIT_MS", default_value_t = 10_000)]
+    /// `ack_wait` of task consumers this worker creates (workers are the one role that creates
+    /// them; default: contract/shared.toml's). Workers send progress acks for every message
+    /// they hold three times per `ack_wait`, so it bounds how long the messages of a worker
+    /// that died stay with it before JetStream redelivers them, not the batch time.
+    #[arg(long, env = "TASKFLEET_ACK_WAIT_MS", default_value_t = declared_ack_wait_ms())]
     ack_wait_ms: u64,
 
-    /// `max_deliver` of task consumers this worker creates; a request that failed that many
-    /// times goes to stream DLQ.
-    #[arg(long, env = "TASKFLEET_MAX_DELIVER", default_value_t = 5)]
+    /// `max_deliver` of task consumers this worker creates (default: contract/shared.toml's);
+    /// a request that failed that many times goes to stream DLQ.
+    #[arg(long, env = "TASKFLEET_MAX_DELIVER", default_value_t = contract::declared().nats.task_consumer.max_deliver)]
     max_deliver: i64,
 
     /// Base delay of a nak (model loading, retryable failure); grows with the delivery count.
     #[arg(long, env = "TASKFLEET_NAK_DELAY_MS", default_value_t = 1000)]
     nak_delay_ms: u64,
+
+    /// Print the rules this binary read from contract/shared.toml, and what it builds from
+    /// them (streams, consumer, buckets, the codes it answers with), as JSON, and exit:
+    /// tests/test_contract.py compares them with Python's.
+    #[arg(long)]
+    print_contract: bool,
 
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9464. Port 0
     /// picks a free port (logged). Default: no metrics endpoint.
@@ -236,6 +252,10 @@ fn main() -> ExitCode {
         )
         .init();
     let cli = Cli::parse();
+    if cli.print_contract {
+        println!("{:#}", contract_report());
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -283,12 +303,8 @@ fn runtime_mode(cli: &Cli, worker_id: &str) -> Result<RuntimeMode> {
 /// The Candle or HTTP backend the flags describe.
 fn in_process_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
     if cli.runtime == "http" {
-        let base_url = cli
-            .http_base_url
-            .clone()
-            .ok_or_else(|| Error::Config("the http runtime needs --http-base-url".into()))?;
         return Ok(Arc::new(HttpRuntime::new(HttpConfig {
-            base_url,
+            base_url: cli.http_base_url.clone(),
             model: cli.http_model.clone(),
             api_key: cli.http_api_key.clone(),
             max_concurrency: cli.http_max_concurrency,
@@ -338,6 +354,65 @@ async fn serve_runtime(cli: &Cli, socket: &std::path::Path) -> Result<()> {
     serve::serve(backend, socket, shutdown).await
 }
 
+fn declared_ack_wait_ms() -> u64 {
+    let rule = &contract::declared().nats.task_consumer;
+    contract::seconds(rule.ack_wait_s).as_millis() as u64
+}
+
+/// `--print-contract`: what the sidecar read and builds, in the names the server and
+/// contract/__init__.py use (durations as the JetStream API writes them: nanoseconds).
+fn contract_report() -> serde_json::Value {
+    let declared = contract::declared();
+    let kv = |rule: &contract::BucketRule| {
+        let config = nats::kv_config(rule);
+        serde_json::json!({
+            "bucket": config.bucket,
+            "history": config.history,
+            "max_age": config.max_age.as_nanos() as u64,
+        })
+    };
+    let codes: serde_json::Map<String, serde_json::Value> = Code::ALL
+        .iter()
+        .map(|code| {
+            let value = serde_json::json!({
+                "retryable": code.retryable(),
+                "socket": Code::SOCKET.contains(code),
+            });
+            (code.as_str().to_string(), value)
+        })
+        .collect();
+    let rule = &declared.task_name;
+    let names: Vec<&String> = rule
+        .examples_valid
+        .iter()
+        .chain(&rule.examples_invalid)
+        .collect();
+    let allowed: serde_json::Map<String, serde_json::Value> = names
+        .into_iter()
+        .map(|name| (name.clone(), rule.allows(name).into()))
+        .collect();
+    let consumer = nats::task_consumer_config(
+        "alpha",
+        std::time::Duration::from_millis(declared_ack_wait_ms()),
+        declared.nats.task_consumer.max_deliver,
+    );
+    let replicas = [1, 2, 3, 5].map(|nodes| [nodes, nats::replicas_for(nodes)]);
+    serde_json::json!({
+        "contract": declared,
+        "tasks_stream": nats::stream_config(&declared.nats.streams.tasks),
+        "dlq_stream": nats::stream_config(&declared.nats.streams.dlq),
+        "task_consumer_alpha": consumer,
+        "kv": {
+            "placements": kv(&declared.nats.kv.placements),
+            "workers": kv(&declared.nats.kv.workers),
+        },
+        "payloads": nats::object_store_config(&declared.nats.object_stores.payloads),
+        "replicas": replicas,
+        "codes": codes,
+        "task_names": {"allowed": allowed, "rule": rule.describe()},
+    })
+}
+
 fn validate(cli: &Cli) -> Result<()> {
     let positive = [
         ("--max-batch-tokens", cli.max_batch_tokens as u64),
@@ -354,6 +429,20 @@ fn validate(cli: &Cli) -> Result<()> {
     if cli.max_deliver < 2 {
         return Err(Error::Config("--max-deliver must be at least 2".into()));
     }
+    // Two beats may be missed before the declared TTL of KV `workers` drops the worker.
+    let ttl = contract::declared()
+        .nats
+        .kv
+        .workers
+        .ttl_s
+        .map(contract::seconds);
+    if let Some(ttl) = ttl.filter(|ttl| Duration::from_millis(cli.heartbeat_ms) > *ttl / 3) {
+        return Err(Error::Config(format!(
+            "--heartbeat-ms must be at most a third of the workers bucket's TTL ({} ms, \
+             contract/shared.toml)",
+            ttl.as_millis()
+        )));
+    }
     Ok(())
 }
 
@@ -367,7 +456,7 @@ async fn run(cli: Cli) -> Result<()> {
         .worker_id
         .clone()
         .unwrap_or_else(|| format!("{host}-{}", std::process::id()));
-    if !placement::valid_task_name(&worker_id) {
+    if !heartbeat::valid_worker_id(&worker_id) {
         return Err(Error::Config(format!(
             "worker id {worker_id:?} may hold only letters, digits, '-' and '_'"
         )));
@@ -377,7 +466,7 @@ async fn run(cli: Cli) -> Result<()> {
         "" | "nats" => None,
         url => Some(S3Source::from_url_and_env(url).map_err(Error::Config)?),
     };
-    let started_ms = taskfleet_sidecar::worker::now_ms();
+    let started_ms = taskfleet_sidecar::clock::now_ms();
     tracing::info!(%worker_id, nats_url = %cli.nats_url, ?mode, "starting");
 
     let signalled = CancellationToken::new();
@@ -428,7 +517,7 @@ async fn run(cli: Cli) -> Result<()> {
     let heartbeat_every = Duration::from_millis(cli.heartbeat_ms);
     let buckets = until_ok("KV buckets", &signalled, || async {
         let placements = nats::placements_bucket(&js).await?;
-        let workers = nats::workers_bucket(&js, heartbeat_every * 5).await?;
+        let workers = nats::workers_bucket(&js).await?;
         Ok((placements, workers))
     })
     .await;
@@ -439,9 +528,16 @@ async fn run(cli: Cli) -> Result<()> {
     };
 
     let (placements_tx, placements_rx) = watch::channel(Arc::default());
-    let watcher = tokio::spawn(placement::watch_placements(
+    match &cli.machine_class {
+        Some(class) => {
+            tracing::info!(machine_class = %class, "applying runtime profiles of this class")
+        }
+        None => tracing::info!("no --machine-class: runtime profiles are not applied"),
+    }
+    let watcher = tokio::spawn(taskfleet_sidecar::placement::watch_placements(
         placements_kv,
         placements_tx,
+        cli.machine_class.clone(),
         stop_work.clone(),
     ));
     let workers = Workers::new(

@@ -408,6 +408,7 @@ mod tests {
             epochs: BTreeMap::from([("a\"b".to_string(), 7)]),
             started_ms: Some(1),
             runtime_kind: Some("torch".into()),
+            profiles: None,
         }
     }
 

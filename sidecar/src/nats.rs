@@ -1,21 +1,18 @@
-//! Connection to NATS and the JetStream objects the sidecar uses. Streams and buckets are
-//! created elsewhere (the gateway and `taskfleet up`); creating a missing one here with the
-//! settings of ARCHITECTURE.md lets a worker start first without a manual step.
+//! Connection to NATS and the JetStream objects the sidecar uses, built from their declaration
+//! in contract/shared.toml (as serving/nats_layout.py builds Python's). Streams and buckets are
+//! created elsewhere too (the gateway and `taskfleet up`); creating a missing one here lets a
+//! worker start first without a manual step. The per-task consumer is the workers' alone.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{self, pull, AckPolicy, Consumer};
 use async_nats::jetstream::{self, kv, object_store, stream};
 use async_nats::ServerAddr;
 use tokio::sync::OnceCell;
 
+use crate::contract::{self, seconds, BucketRule, ObjectStoreRule, Retention, Storage, StreamRule};
 use crate::error::{Error, Result};
-
-pub const TASKS_STREAM: &str = "TASKS";
-pub const DLQ_STREAM: &str = "DLQ";
-pub const PLACEMENTS_BUCKET: &str = "placements";
-pub const WORKERS_BUCKET: &str = "workers";
-pub const PAYLOADS_BUCKET: &str = "payloads";
 
 /// How to authenticate to NATS and whether to use TLS (all optional).
 #[derive(Debug, Clone, Default)]
@@ -98,18 +95,97 @@ pub async fn connect(urls: &str, name: &str, access: &Access) -> Result<async_na
         .map_err(Error::nats(format!("connect to {urls}")))
 }
 
-/// Copies of a new stream or bucket: 3 on a cluster of 3 nodes or more (the server's INFO
-/// names every node's client address in `connect_urls`), else 1; as `layout_replicas` in
-/// serving/nats_layout.py.
+/// Copies of a new stream or bucket: the declared `replicas` (3) on a cluster of that many
+/// nodes or more (the server's INFO names every node's client address in `connect_urls`), else
+/// 1; as `layout_replicas` in serving/nats_layout.py.
 pub fn layout_replicas(js: &jetstream::Context) -> usize {
     replicas_for(js.client().server_info().connect_urls.len())
 }
 
-fn replicas_for(nodes: usize) -> usize {
-    if nodes >= 3 {
-        3
+pub fn replicas_for(nodes: usize) -> usize {
+    let declared = contract::declared().nats.replicas;
+    if nodes >= declared {
+        declared
     } else {
         1
+    }
+}
+
+impl From<Retention> for stream::RetentionPolicy {
+    fn from(retention: Retention) -> Self {
+        match retention {
+            Retention::Workqueue => stream::RetentionPolicy::WorkQueue,
+            Retention::Limits => stream::RetentionPolicy::Limits,
+            Retention::Interest => stream::RetentionPolicy::Interest,
+        }
+    }
+}
+
+impl From<Storage> for stream::StorageType {
+    fn from(storage: Storage) -> Self {
+        match storage {
+            Storage::File => stream::StorageType::File,
+            Storage::Memory => stream::StorageType::Memory,
+        }
+    }
+}
+
+impl From<contract::AckPolicy> for AckPolicy {
+    fn from(policy: contract::AckPolicy) -> Self {
+        match policy {
+            contract::AckPolicy::Explicit => AckPolicy::Explicit,
+            contract::AckPolicy::All => AckPolicy::All,
+            contract::AckPolicy::None => AckPolicy::None,
+        }
+    }
+}
+
+/// The stream `rule` declares (one replica; a missing stream gets the cluster's on creation).
+pub fn stream_config(rule: &StreamRule) -> stream::Config {
+    stream::Config {
+        name: rule.name.clone(),
+        subjects: vec![rule.subjects()],
+        retention: rule.retention.into(),
+        storage: rule.storage.into(),
+        max_age: seconds(rule.max_age_s),
+        // Zero: the server's default, as a stream created without one gets.
+        duplicate_window: rule.duplicate_window_s.map(seconds).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// The KV bucket `rule` declares; a TTL expires its keys (a dead worker's heartbeat).
+pub fn kv_config(rule: &BucketRule) -> kv::Config {
+    kv::Config {
+        bucket: rule.bucket.clone(),
+        history: rule.history,
+        max_age: rule.ttl_s.map(seconds).unwrap_or_default(),
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+pub fn object_store_config(rule: &ObjectStoreRule) -> object_store::Config {
+    object_store::Config {
+        bucket: rule.bucket.clone(),
+        max_age: rule.ttl_s.map(seconds).unwrap_or_default(),
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+/// What a worker's consumer of a task is created with: the declared consumer, with this
+/// worker's `ack_wait` and `max_deliver` (`--ack-wait-ms`, `--max-deliver`; the declared ones
+/// by default).
+pub fn task_consumer_config(task: &str, ack_wait: Duration, max_deliver: i64) -> pull::Config {
+    let rule = &contract::declared().nats.task_consumer;
+    pull::Config {
+        durable_name: Some(rule.name(task)),
+        filter_subject: contract::declared().nats.streams.tasks.subject(task),
+        ack_policy: rule.ack_policy.into(),
+        ack_wait,
+        max_deliver,
+        ..Default::default()
     }
 }
 
@@ -130,33 +206,70 @@ async fn stream_with(
 }
 
 pub async fn tasks_stream(js: &jetstream::Context) -> Result<stream::Stream> {
-    stream_with(
-        js,
-        stream::Config {
-            name: TASKS_STREAM.into(),
-            subjects: vec!["tasks.>".into()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            max_age: Duration::from_secs(24 * 3600),
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        },
-    )
-    .await
+    stream_with(js, stream_config(&contract::declared().nats.streams.tasks)).await
 }
 
 pub async fn dlq_stream(js: &jetstream::Context) -> Result<stream::Stream> {
-    stream_with(
-        js,
-        stream::Config {
-            name: DLQ_STREAM.into(),
-            subjects: vec!["dlq.>".into()],
-            storage: stream::StorageType::File,
-            max_age: Duration::from_secs(14 * 24 * 3600),
-            ..Default::default()
-        },
-    )
-    .await
+    stream_with(js, stream_config(&contract::declared().nats.streams.dlq)).await
+}
+
+/// The durable pull consumer of `task` on `TASKS`. Workers are the one role that creates it
+/// (the gateway only reads it): created with `config` when missing; one that exists stands as
+/// it is, and what differs from `config` (another worker's flags, an older version's) is
+/// logged once per task loop.
+pub async fn task_consumer(
+    stream: &stream::Stream,
+    config: pull::Config,
+) -> Result<Consumer<pull::Config>> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    if let Ok(mut found) = stream.get_consumer::<pull::Config>(&name).await {
+        let differences = consumer_differences(
+            &found
+                .info()
+                .await
+                .map_err(Error::nats(format!("read consumer {name}")))?
+                .config,
+            &config,
+        );
+        if !differences.is_empty() {
+            tracing::warn!(consumer = %name, differences = %differences.join("; "), "the task's consumer exists with other settings than this worker's; it stands as it is");
+        }
+        return Ok(found);
+    }
+    stream
+        .get_or_create_consumer(&name, config)
+        .await
+        .map_err(Error::nats(format!("get or create consumer {name}")))
+}
+
+/// What of a found consumer's settings differs from `wanted` ("ack_wait 60s, not 10s").
+pub fn consumer_differences(found: &consumer::Config, wanted: &pull::Config) -> Vec<String> {
+    let mut differences = Vec::new();
+    if found.filter_subject != wanted.filter_subject {
+        differences.push(format!(
+            "filter_subject {:?}, not {:?}",
+            found.filter_subject, wanted.filter_subject
+        ));
+    }
+    if found.ack_policy != wanted.ack_policy {
+        differences.push(format!(
+            "ack_policy {:?}, not {:?}",
+            found.ack_policy, wanted.ack_policy
+        ));
+    }
+    if found.ack_wait != wanted.ack_wait {
+        differences.push(format!(
+            "ack_wait {:?}, not {:?}",
+            found.ack_wait, wanted.ack_wait
+        ));
+    }
+    if found.max_deliver != wanted.max_deliver {
+        differences.push(format!(
+            "max_deliver {}, not {}",
+            found.max_deliver, wanted.max_deliver
+        ));
+    }
+    differences
 }
 
 /// A KV bucket, created with `config` when missing.
@@ -174,43 +287,24 @@ pub async fn key_value(js: &jetstream::Context, mut config: kv::Config) -> Resul
 }
 
 pub async fn placements_bucket(js: &jetstream::Context) -> Result<kv::Store> {
-    key_value(
-        js,
-        kv::Config {
-            bucket: PLACEMENTS_BUCKET.into(),
-            history: 5,
-            ..Default::default()
-        },
-    )
-    .await
+    key_value(js, kv_config(&contract::declared().nats.kv.placements)).await
 }
 
-/// Heartbeats expire after `ttl`, so a dead worker drops out of the fleet by itself.
-pub async fn workers_bucket(js: &jetstream::Context, ttl: Duration) -> Result<kv::Store> {
-    key_value(
-        js,
-        kv::Config {
-            bucket: WORKERS_BUCKET.into(),
-            history: 1,
-            max_age: ttl,
-            ..Default::default()
-        },
-    )
-    .await
+/// Heartbeats expire after the declared TTL, so a dead worker drops out of the fleet by itself.
+pub async fn workers_bucket(js: &jetstream::Context) -> Result<kv::Store> {
+    key_value(js, kv_config(&contract::declared().nats.kv.workers)).await
 }
 
 pub async fn payloads_bucket(js: &jetstream::Context) -> Result<object_store::ObjectStore> {
-    match js.get_object_store(PAYLOADS_BUCKET).await {
+    let mut config = object_store_config(&contract::declared().nats.object_stores.payloads);
+    match js.get_object_store(&config.bucket).await {
         Ok(store) => Ok(store),
-        Err(_) => js
-            .create_object_store(object_store::Config {
-                bucket: PAYLOADS_BUCKET.into(),
-                max_age: Duration::from_secs(24 * 3600),
-                num_replicas: layout_replicas(js),
-                ..Default::default()
-            })
-            .await
-            .map_err(Error::nats("create object store payloads")),
+        Err(_) => {
+            config.num_replicas = layout_replicas(js);
+            js.create_object_store(config)
+                .await
+                .map_err(Error::nats("create object store payloads"))
+        }
     }
 }
 

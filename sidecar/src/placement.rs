@@ -10,16 +10,19 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::contract;
 use crate::error::{Error, Result};
 use crate::protocol::{self, Placement};
 
 pub type Placements = Arc<BTreeMap<String, Placement>>;
 
 /// Runs until `shutdown`, re-watching after errors. A re-watch replays the last value of
-/// every key (deletes included), so nothing missed while disconnected stays wrong.
+/// every key (deletes included), so nothing missed while disconnected stays wrong. Each
+/// placement is kept with the runtime profile of `machine_class` applied (none without one).
 pub async fn watch_placements(
     store: kv::Store,
     tx: watch::Sender<Placements>,
+    machine_class: Option<String>,
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
@@ -27,7 +30,7 @@ pub async fn watch_placements(
             Ok(mut entries) => loop {
                 tokio::select! {
                     entry = entries.next() => match entry {
-                        Some(Ok(entry)) => apply(&tx, entry),
+                        Some(Ok(entry)) => apply(&tx, entry, machine_class.as_deref()),
                         Some(Err(e)) => {
                             tracing::warn!(error = %e, "placement watch failed; re-watching");
                             break;
@@ -46,12 +49,12 @@ pub async fn watch_placements(
     }
 }
 
-fn apply(tx: &watch::Sender<Placements>, entry: kv::Entry) {
+fn apply(tx: &watch::Sender<Placements>, entry: kv::Entry, machine_class: Option<&str>) {
     let task = entry.key;
     match entry.operation {
         kv::Operation::Put => {
             let placement = protocol::decode::<Placement>(&entry.value)
-                .and_then(|p| validate(&task, &p).map(|_| p));
+                .and_then(|p| validate(&task, &p).map(|_| p.apply_profile(machine_class)));
             match placement {
                 Ok(placement) => put(tx, task, placement),
                 Err(e) => tracing::error!(%task, error = %e, "ignoring invalid placement"),
@@ -87,6 +90,7 @@ fn put(tx: &watch::Sender<Placements>, task: String, placement: Placement) {
                 epoch = placement.epoch,
                 model_key = %placement.model_key,
                 pinned = placement.pinned,
+                profile = ?placement.applied.as_ref().map(|p| p.id),
                 "placement updated"
             );
             Arc::make_mut(map).insert(task, placement);
@@ -95,18 +99,17 @@ fn put(tx: &watch::Sender<Placements>, task: String, placement: Placement) {
     });
 }
 
-/// Task names become NATS subject tokens and consumer names, so they are kept simple.
+/// Task names become NATS subject tokens and consumer names: the registry's rule
+/// (contract/shared.toml `[task_name]`), which the gateway applies too.
 pub fn valid_task_name(task: &str) -> bool {
-    !task.is_empty()
-        && task
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    contract::declared().task_name.allows(task)
 }
 
 fn validate(key: &str, placement: &Placement) -> Result<()> {
     if !valid_task_name(key) {
         return Err(Error::BadPayload(format!(
-            "task name {key:?} may hold only letters, digits, '-' and '_'"
+            "task name {key:?} cannot be served: a task name holds {}",
+            contract::declared().task_name.describe()
         )));
     }
     if placement.task != key {
@@ -119,4 +122,99 @@ fn validate(key: &str, placement: &Placement) -> Result<()> {
         return Err(Error::BadPayload("empty model_key or base sha256".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::protocol::{ArtifactRef, Placement, RuntimeProfile};
+
+    fn placement(profiles: Vec<RuntimeProfile>) -> Placement {
+        Placement {
+            v: 1,
+            task: "t".into(),
+            epoch: 3,
+            candidate: "c".into(),
+            model_key: "minilm-abc".into(),
+            base: ArtifactRef {
+                sha256: "b".repeat(64),
+                size: 1,
+                format: "tree-v1".into(),
+            },
+            adapter: None,
+            query_prefix: String::new(),
+            passage_prefix: String::new(),
+            max_seq_length: None,
+            pinned: true,
+            replicas: 1,
+            memory_bytes: 0,
+            runtime: "torch".into(),
+            profiles: Some(profiles),
+            applied: None,
+        }
+    }
+
+    fn profile(id: u64, class: &str) -> RuntimeProfile {
+        RuntimeProfile {
+            id,
+            machine_class: class.into(),
+            max_batch_tokens: Some(4096),
+            max_batch_wait_ms: Some(1),
+            intra_op_threads: Some(1),
+            runtimes: Some(2),
+            max_padding: None,
+            engine: Some("onnx".into()),
+        }
+    }
+
+    const DEFAULTS: (usize, Duration) = (32768, Duration::from_millis(5));
+
+    #[test]
+    fn only_the_profile_of_this_machine_class_applies() {
+        let both = vec![profile(1, "cpu:Other x64"), profile(2, "cpu:AMD EPYC x2")];
+        let mine = placement(both.clone()).apply_profile(Some("cpu:AMD EPYC x2"));
+        assert_eq!(mine.applied.as_ref().map(|p| p.id), Some(2));
+        assert_eq!(mine.model_key, "minilm-abc~onnx-t1-r2");
+        assert_eq!(
+            mine.batch_limits(DEFAULTS.0, DEFAULTS.1),
+            (4096, Duration::from_millis(1))
+        );
+        let settings = mine
+            .load_request(std::path::Path::new("/c"))
+            .settings
+            .unwrap();
+        assert_eq!(
+            (settings.runtimes, settings.engine.as_deref()),
+            (Some(2), Some("onnx"))
+        );
+
+        for class in [Some("cpu:Intel Xeon x2"), None] {
+            let other = placement(both.clone()).apply_profile(class);
+            assert!(other.applied.is_none());
+            assert_eq!(other.model_key, "minilm-abc");
+            assert_eq!(other.batch_limits(DEFAULTS.0, DEFAULTS.1), DEFAULTS);
+            assert!(other
+                .load_request(std::path::Path::new("/c"))
+                .settings
+                .is_none());
+        }
+    }
+
+    #[test]
+    fn a_profile_of_batch_knobs_only_keeps_the_model_key() {
+        let batching = RuntimeProfile {
+            intra_op_threads: None,
+            runtimes: None,
+            engine: None,
+            ..profile(5, "gpu:NVIDIA H200")
+        };
+        let applied = placement(vec![batching]).apply_profile(Some("gpu:NVIDIA H200"));
+        assert_eq!(applied.model_key, "minilm-abc");
+        assert_eq!(applied.applied.as_ref().map(|p| p.id), Some(5));
+        assert!(applied
+            .load_request(std::path::Path::new("/c"))
+            .settings
+            .is_none());
+    }
 }

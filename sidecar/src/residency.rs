@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::artifacts::ArtifactCache;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{ArtifactRef, ErrorBody, LoadRequest, Placement};
+use crate::protocol::{ArtifactRef, Code, ErrorBody, LoadRequest, Placement};
 use crate::runtime::supervisor::Runtime;
 
 /// How soon a failed load may be tried again on demand.
@@ -275,14 +275,13 @@ impl Residency {
             }
             let result = if self.used() + estimate > self.budget && !pinned {
                 Err(Error::Runtime(ErrorBody::new(
-                    "OUT_OF_MEMORY",
+                    Code::OutOfMemory,
                     &format!(
                         "model {key} needs ~{estimate} bytes; {} of {} bytes are held by \
                          pinned or busy models",
                         self.used(),
                         self.budget
                     ),
-                    true,
                 )))
             } else {
                 tracing::info!(model_key = %key, estimate, pinned, "loading model");

@@ -5,7 +5,7 @@
 //! - [`socket`]: a runtime in another process over a Unix socket (the PyTorch runtime);
 //! - [`candle`] (cargo feature `candle`): BERT-family sentence embedders inside the sidecar;
 //! - [`http`]: an existing engine (infinity, TEI, vLLM, SGLang) over its OpenAI-compatible
-//!   `/v1/embeddings` API.
+//!   `/v1/embeddings` API, or an endpoint model's own API ([`endpoint`]: embeddings or rerank).
 //!
 //! [`supervisor`] keeps one backend available; [`serve`] exposes any backend over the socket
 //! protocol (what `taskfleet eval --runtime` and the tests use to reach Candle and HTTP).
@@ -14,6 +14,7 @@
 
 #[cfg(feature = "candle")]
 pub mod candle;
+pub mod endpoint;
 pub mod http;
 pub mod serve;
 pub mod socket;
@@ -23,7 +24,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::protocol::{
-    ClassifyItem, Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats, Probabilities,
+    ClassifyItem, Code, Embeddings, ErrorBody, InferItem, LoadRequest, ModelStats, Probabilities,
     ScoreItem, Scores,
 };
 
@@ -114,29 +115,27 @@ pub trait Backend: Send + Sync {
 /// What a backend without `capability` answers to that op: not retryable, it never will.
 pub fn unsupported(info: &RuntimeInfo, capability: &str) -> Error {
     failure(
-        "UNKNOWN_OP",
+        Code::UnknownOp,
         format!(
             "the {} runtime cannot {capability} (its capabilities: {})",
             info.runtime,
             info.capabilities.join(", ")
         ),
-        false,
     )
 }
 
-/// A failure a backend answers with, in the protocol's error shape.
-pub fn failure(code: &str, message: impl AsRef<str>, retryable: bool) -> Error {
-    Error::Runtime(ErrorBody::new(code, message.as_ref(), retryable))
+/// A failure a backend answers with, in the protocol's error shape (retryable as declared).
+pub fn failure(code: Code, message: impl AsRef<str>) -> Error {
+    Error::Runtime(ErrorBody::new(code, message.as_ref()))
 }
 
 /// `DEADLINE_EXCEEDED` once `deadline_ms` has passed: nobody waits for the batch any more, and
 /// computing it would only delay the next (what the Python runtime does too).
 pub fn check_deadline(batch_id: &str, deadline_ms: Option<u64>) -> Result<()> {
     match deadline_ms {
-        Some(deadline) if crate::worker::now_ms() > deadline => Err(failure(
-            "DEADLINE_EXCEEDED",
+        Some(deadline) if crate::clock::now_ms() > deadline => Err(failure(
+            Code::DeadlineExceeded,
             format!("batch {batch_id} expired before it could run"),
-            false,
         )),
         _ => Ok(()),
     }
@@ -145,9 +144,8 @@ pub fn check_deadline(batch_id: &str, deadline_ms: Option<u64>) -> Result<()> {
 /// `MODEL_NOT_LOADED` (retryable: the sidecar loads it again) for an unknown model key.
 pub fn not_loaded(model_key: &str) -> Error {
     failure(
-        "MODEL_NOT_LOADED",
+        Code::ModelNotLoaded,
         format!("model {model_key:?} is not loaded"),
-        true,
     )
 }
 
@@ -167,12 +165,11 @@ pub fn reload(loaded: &LoadRequest, request: &LoadRequest) -> Result<u64> {
         return Ok(0);
     }
     Err(failure(
-        "BAD_REQUEST",
+        Code::BadRequest,
         format!(
             "model key {:?} is already loaded with a different spec; unload it first",
             request.model_key
         ),
-        false,
     ))
 }
 

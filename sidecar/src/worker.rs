@@ -20,7 +20,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::members::{self, Members};
 use crate::nats;
 use crate::placement::Placements;
@@ -214,26 +214,15 @@ impl Workers {
         }
     }
 
-    /// The task's durable pull consumer, created with our settings when missing.
+    /// The task's durable pull consumer, created with our settings when missing (workers are
+    /// the one role that creates it: `nats::task_consumer`).
     async fn consumer(&self, task: &str) -> Result<jetstream::consumer::Consumer<pull::Config>> {
         let stream = nats::tasks_stream(&self.js).await?;
         // Failing messages of this task end up there; it must exist before the first one.
         nats::dlq_stream(&self.js).await?;
-        let name = format!("task_{task}");
-        stream
-            .get_or_create_consumer(
-                &name,
-                pull::Config {
-                    durable_name: Some(name.clone()),
-                    filter_subject: format!("tasks.{task}"),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: self.config.ack_wait,
-                    max_deliver: self.config.max_deliver,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(Error::nats(format!("get or create consumer {name}")))
+        let config =
+            nats::task_consumer_config(task, self.config.ack_wait, self.config.max_deliver);
+        nats::task_consumer(&stream, config).await
     }
 
     async fn run_task(
@@ -265,13 +254,6 @@ impl Workers {
         let mut task_loop = batch::TaskLoop::new(self, task, consumer, settler, placement, status);
         task_loop.run(stop).await;
     }
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 pub(crate) fn held_count(status: &TaskStatus) -> u64 {

@@ -16,7 +16,7 @@ use taskfleet_sidecar::heartbeat::Heartbeat;
 use taskfleet_sidecar::protocol::{self, ArtifactRef, Placement, WorkerHeartbeat};
 use taskfleet_sidecar::residency::Residency;
 use taskfleet_sidecar::runtime::supervisor::Runtime;
-use taskfleet_sidecar::{nats, placement};
+use taskfleet_sidecar::{contract, nats, placement};
 
 fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
     Placement {
@@ -38,6 +38,8 @@ fn placement(task: &str, epoch: u64, model_key: &str) -> Placement {
         replicas: 1,
         memory_bytes: 1000,
         runtime: "torch".into(),
+        profiles: None,
+        applied: None,
     }
 }
 
@@ -51,9 +53,7 @@ async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
     let server = NatsServer::start();
     let client = async_nats::connect(&server.url).await.unwrap();
     let js = jetstream::new(client);
-    let store = nats::workers_bucket(&js, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let store = nats::workers_bucket(&js).await.unwrap();
     let runtime = Runtime::new();
     let heartbeat = Arc::new(Heartbeat {
         worker_id: "w-test-1".into(),
@@ -112,7 +112,12 @@ async fn placement_watcher_follows_puts_deletes_and_ignores_stale_or_invalid() {
 
     let (tx, mut rx) = watch::channel(Arc::default());
     let stop = CancellationToken::new();
-    let watcher = tokio::spawn(placement::watch_placements(store.clone(), tx, stop.clone()));
+    let watcher = tokio::spawn(placement::watch_placements(
+        store.clone(),
+        tx,
+        None,
+        stop.clone(),
+    ));
     let seen = rx
         .wait_for(|m| m.contains_key("faq"))
         .await
@@ -213,4 +218,83 @@ fn binary_without_a_runtime_setting_explains_itself() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--runtime-cmd"), "stderr: {stderr}");
+}
+
+/// What the sidecar creates when it starts first is what contract/shared.toml declares (the
+/// Python side's twin: tests/test_gateway_nats_layout.py), and a consumer that exists with
+/// other settings stands as it is.
+#[tokio::test]
+async fn the_layout_a_worker_creates_is_the_declared_one() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = jetstream::new(client);
+    let declared = &contract::declared().nats;
+
+    let mut tasks = nats::tasks_stream(&js).await.unwrap();
+    let config = tasks.info().await.unwrap().config.clone();
+    let rule = &declared.streams.tasks;
+    assert_eq!(config.name, rule.name);
+    assert_eq!(config.subjects, [format!("{}>", rule.subject_prefix)]);
+    assert_eq!(
+        config.retention,
+        jetstream::stream::RetentionPolicy::WorkQueue
+    );
+    assert_eq!(config.storage, jetstream::stream::StorageType::File);
+    assert_eq!(config.max_age, contract::seconds(rule.max_age_s));
+    assert_eq!(
+        Some(config.duplicate_window),
+        rule.duplicate_window_s.map(contract::seconds)
+    );
+    let mut dlq = nats::dlq_stream(&js).await.unwrap();
+    let dlq = dlq.info().await.unwrap().config.clone();
+    assert_eq!(
+        (dlq.name.as_str(), dlq.max_age),
+        (
+            declared.streams.dlq.name.as_str(),
+            contract::seconds(declared.streams.dlq.max_age_s)
+        )
+    );
+    assert_eq!(dlq.retention, jetstream::stream::RetentionPolicy::Limits);
+
+    let workers = nats::workers_bucket(&js).await.unwrap();
+    let status = workers.status().await.unwrap();
+    assert_eq!(
+        Some(status.max_age()),
+        declared.kv.workers.ttl_s.map(contract::seconds),
+        "heartbeats expire after the declared TTL, not a multiple of --heartbeat-ms"
+    );
+    assert_eq!(status.history(), declared.kv.workers.history);
+    let placements = nats::placements_bucket(&js).await.unwrap();
+    assert_eq!(
+        placements.status().await.unwrap().history(),
+        declared.kv.placements.history
+    );
+
+    let rule = &declared.task_consumer;
+    let wanted = nats::task_consumer_config(
+        "alpha",
+        contract::seconds(rule.ack_wait_s),
+        rule.max_deliver,
+    );
+    let mut consumer = nats::task_consumer(&tasks, wanted.clone()).await.unwrap();
+    let info = consumer.info().await.unwrap().config.clone();
+    assert_eq!(info.durable_name.as_deref(), Some("task_alpha"));
+    assert_eq!(info.filter_subject, "tasks.alpha");
+    assert_eq!(info.ack_policy, jetstream::consumer::AckPolicy::Explicit);
+    assert_eq!(info.ack_wait, contract::seconds(rule.ack_wait_s));
+    assert_eq!(info.max_deliver, rule.max_deliver);
+    assert!(nats::consumer_differences(&info, &wanted).is_empty());
+
+    // A second worker with other flags finds it and leaves it as it is.
+    let other = nats::task_consumer_config("alpha", Duration::from_secs(60), 3);
+    let mut found = nats::task_consumer(&tasks, other.clone()).await.unwrap();
+    let kept = found.info().await.unwrap().config.clone();
+    assert_eq!(
+        (kept.ack_wait, kept.max_deliver),
+        (info.ack_wait, info.max_deliver)
+    );
+    assert_eq!(
+        nats::consumer_differences(&kept, &other),
+        ["ack_wait 10s, not 60s", "max_deliver 5, not 3"]
+    );
 }

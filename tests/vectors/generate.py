@@ -52,6 +52,9 @@ def messages() -> dict[str, Any]:
             query_prefix="query: ",
             passage_prefix="passage: ",
             max_seq_length=None,
+            settings=p.LoadSettings(
+                intra_op_threads=1, runtimes=2, max_padding=0.25, engine="onnx"
+            ),
         ),
         "socket_load_reply": p.LoadReply(
             id=2, model_key="minilm+legal-de@3f2a", memory_bytes=90_868_224
@@ -226,6 +229,21 @@ def messages() -> dict[str, Any]:
             replicas=2,
             memory_bytes=91_163_136,
             runtime="candle",
+            profiles=[
+                p.RuntimeProfileValue(
+                    id=7,
+                    machine_class="cpu:AMD EPYC x2",
+                    max_batch_tokens=4096,
+                    max_batch_wait_ms=2,
+                    intra_op_threads=1,
+                    runtimes=2,
+                    max_padding=0.25,
+                    engine="onnx",
+                ),
+                p.RuntimeProfileValue(
+                    id=9, machine_class="gpu:NVIDIA H200", max_batch_tokens=65536
+                ),
+            ],
         ),
         "worker_heartbeat": p.WorkerHeartbeat(
             worker_id="w-host1-0",
@@ -239,6 +257,7 @@ def messages() -> dict[str, Any]:
             epochs={"german-legal-retrieval": 12, "faq-search": 4},
             started_ms=1_735_689_000_000,
             runtime_kind="torch",
+            profiles={"german-legal-retrieval": 7},
         ),
     }
 

@@ -29,7 +29,7 @@ use super::{
     RuntimeStats, CAP_EMBED, CAP_LORA, CAP_MIXED_ADAPTERS,
 };
 use crate::error::{Error, Result};
-use crate::protocol::{Embeddings, InferItem, LoadRequest, ModelStats};
+use crate::protocol::{Code, Embeddings, InferItem, LoadRequest, ModelStats};
 use crate::worker::tokens::cut_text;
 
 /// Texts per forward pass (the PyTorch runtime's CPU default).
@@ -241,11 +241,11 @@ fn plan_batches(lengths: &[usize], max_tokens: usize, max_texts: usize) -> Vec<V
 }
 
 fn load_failed(message: String) -> Error {
-    failure("LOAD_FAILED", message, false)
+    failure(Code::LoadFailed, message)
 }
 
 fn infer_failed(message: String) -> Error {
-    failure("INFER_FAILED", message, false)
+    failure(Code::InferFailed, message)
 }
 
 fn as_load_failure(error: Error) -> Error {

@@ -6,10 +6,10 @@
 
 use proptest::prelude::*;
 
-use super::socket::{read_frame, MAX_FRAME_BYTES};
 use crate::protocol::{
     self, ErrorReply, HelloReply, InferReply, MemoryReply, ReplyHead, StatsReply,
 };
+use crate::protocol::{read_frame, MAX_FRAME_BYTES};
 
 fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()

@@ -13,12 +13,11 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::socket::{frame, read_frame};
 use super::Backend;
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, ClassifyReply, ErrorBody, ErrorReply, HelloReply, InferReply, MemoryReply, Request,
-    ScoreReply, ShutdownReply, StatsReply, PROTOCOL_VERSION,
+    self, frame, read_frame, ClassifyReply, Code, ErrorBody, ErrorReply, HelloReply, InferReply,
+    MemoryReply, Request, ScoreReply, ShutdownReply, StatsReply, PROTOCOL_VERSION,
 };
 
 /// The Python runtime's own limit; larger frames end the connection.
@@ -70,7 +69,7 @@ async fn connection(backend: Arc<dyn Backend>, stream: UnixStream, shutdown: Can
             Ok(None) => return,
             Err(e) => {
                 // A framing error: say so (id 0, the id could not be read) and hang up.
-                let error = ErrorBody::new("BAD_REQUEST", &e.to_string(), false);
+                let error = ErrorBody::new(Code::BadRequest, &e.to_string());
                 write(&writer, &error_reply(0, error)).await;
                 return;
             }
@@ -98,9 +97,9 @@ async fn answer(
             let head = protocol::decode::<Head>(&body).unwrap_or(Head { id: 0, op: None });
             let error = match head.op {
                 Some(op) if !OPS.contains(&op.as_str()) => {
-                    ErrorBody::new("UNKNOWN_OP", &format!("unknown op {op:?}"), false)
+                    ErrorBody::new(Code::UnknownOp, &format!("unknown op {op:?}"))
                 }
-                _ => ErrorBody::new("BAD_REQUEST", &e.to_string(), false),
+                _ => ErrorBody::new(Code::BadRequest, &e.to_string()),
             };
             write(&writer, &error_reply(head.id, error)).await;
             return;
@@ -220,7 +219,7 @@ async fn handle(backend: &dyn Backend, request: Request) -> Result<Result<Vec<u8
 }
 
 fn protocol_error(message: String) -> Error {
-    Error::Runtime(ErrorBody::new("BAD_REQUEST", &message, false))
+    Error::Runtime(ErrorBody::new(Code::BadRequest, &message))
 }
 
 fn error_reply(id: u64, error: ErrorBody) -> ErrorReply {

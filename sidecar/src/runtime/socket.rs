@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
@@ -19,14 +19,11 @@ use tokio_util::sync::CancellationToken;
 use super::{unsupported, Backend, RuntimeInfo, RuntimeStats, CAP_CLASSIFY, CAP_SCORE};
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, BareRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Embeddings, ErrorReply,
-    HelloReply, HelloRequest, InferItem, InferReply, InferRequest, LoadReply, LoadRequest,
-    Probabilities, ReplyHead, Request, ScoreItem, ScoreReply, ScoreRequest, Scores, ShutdownReply,
-    StatsReply, UnloadReply, UnloadRequest, PROTOCOL_VERSION,
+    self, frame, read_frame, BareRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Embeddings,
+    ErrorReply, HelloReply, HelloRequest, InferItem, InferReply, InferRequest, LoadReply,
+    LoadRequest, Probabilities, ReplyHead, Request, ScoreItem, ScoreReply, ScoreRequest, Scores,
+    ShutdownReply, StatsReply, UnloadReply, UnloadRequest, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
-
-/// Larger frames mean a broken peer; the Python runtime's own limit is 64 MiB.
-pub const MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
 
 type Waiters = HashMap<u64, oneshot::Sender<Vec<u8>>>;
 
@@ -256,55 +253,6 @@ async fn read_replies(
     tracing::warn!(reason = %end, "runtime connection ended");
     closed.cancel();
     waiters.lock().expect("waiters lock").clear();
-}
-
-/// One frame's body; `None` on a clean end of stream between frames. The body grows as it
-/// arrives, so a header that announces more than the peer sends allocates nothing up front.
-pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    max_bytes: u32,
-) -> Result<Option<Vec<u8>>> {
-    let mut header = [0u8; 4];
-    let mut got = 0;
-    while got < header.len() {
-        match reader.read(&mut header[got..]).await? {
-            0 if got == 0 => return Ok(None),
-            0 => {
-                return Err(Error::Protocol(format!(
-                    "stream ended inside a frame header ({got} bytes)"
-                )))
-            }
-            n => got += n,
-        }
-    }
-    let length = u32::from_be_bytes(header);
-    if length > max_bytes {
-        return Err(Error::Protocol(format!("frame of {length} bytes")));
-    }
-    let mut body = Vec::with_capacity((length as usize).min(1 << 20));
-    reader
-        .take(u64::from(length))
-        .read_to_end(&mut body)
-        .await?;
-    if body.len() != length as usize {
-        return Err(Error::Protocol(format!(
-            "stream ended after {} of {length} frame bytes",
-            body.len()
-        )));
-    }
-    Ok(Some(body))
-}
-
-/// A frame: the body's length (4 bytes, big-endian), then the body.
-pub(crate) fn frame(body: &[u8]) -> Result<Vec<u8>> {
-    let length = u32::try_from(body.len())
-        .ok()
-        .filter(|len| *len <= MAX_FRAME_BYTES)
-        .ok_or_else(|| Error::Protocol(format!("message of {} bytes", body.len())))?;
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&length.to_be_bytes());
-    frame.extend_from_slice(body);
-    Ok(frame)
 }
 
 /// A connected socket runtime behind the [`Backend`] trait; `info` is what its `hello` said.

@@ -10,7 +10,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::socket::*;
 use crate::error::Error;
-use crate::protocol::{self, ErrorBody, ErrorReply, MemoryReply, Request, StatsReply};
+use crate::protocol::{self, Code, ErrorBody, ErrorReply, MemoryReply, Request, StatsReply};
 
 async fn read_request(peer: &mut UnixStream) -> Request {
     let length = peer.read_u32().await.unwrap();
@@ -83,7 +83,7 @@ async fn error_reply_becomes_runtime_error() {
         async move { client.unload("missing").await }
     });
     let request = read_request(&mut peer).await;
-    let error = ErrorBody::new("MODEL_NOT_LOADED", "not loaded", true);
+    let error = ErrorBody::new(Code::ModelNotLoaded, "not loaded");
     write_reply(
         &mut peer,
         &ErrorReply {

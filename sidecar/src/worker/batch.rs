@@ -18,10 +18,11 @@ use super::intake::{self, Envelope, Work};
 use super::outcome::Settler;
 use super::parts::{self, Answer, Held, Part};
 use super::tokens::{self, TokenCounter};
-use super::{now_ms, TaskStatus, Workers};
+use super::{TaskStatus, Workers};
+use crate::clock::now_ms;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::protocol::{ClassifyItem, ErrorBody, InferItem, Placement, ScoreItem};
+use crate::protocol::{ClassifyItem, Code, ErrorBody, InferItem, Placement, ScoreItem};
 use crate::residency::Readiness;
 use crate::runtime::Backend;
 
@@ -111,9 +112,13 @@ impl TaskLoop {
                 self.wait_for_model(&desired, &stop).await;
                 continue;
             };
-            self.fill(&stop).await;
+            let (budget, wait) = serving.batch_limits(
+                self.workers.config.max_batch_tokens,
+                self.workers.config.max_batch_wait,
+            );
+            self.fill(budget, wait, &stop).await;
             self.fence(serving.epoch);
-            let batch = self.carry.take_batch(self.workers.config.max_batch_tokens);
+            let batch = self.carry.take_batch(budget);
             if batch.is_empty() {
                 if !self.carry.is_empty() {
                     // Only next parts of requests with a part running: wait for one to finish,
@@ -306,17 +311,16 @@ impl TaskLoop {
              workers of task {:?} still serve epoch {serving}; retry once the newer epoch loads",
             envelope.min_epoch, self.task
         );
-        let error = ErrorBody::new("EPOCH_BEHIND", &message, true);
+        let error = ErrorBody::new(Code::EpochBehind, &message);
         let settler = self.settler.clone();
         tokio::spawn(async move { settler.hand_back(envelope, error).await });
     }
 
-    /// Pulls more messages while the queue holds more, until the token budget is reached or
-    /// the batch wait has passed. A request that finds the queue empty is sent at once.
-    async fn fill(&mut self, stop: &CancellationToken) {
-        let workers = self.workers.clone();
-        let config = &workers.config;
-        let deadline = Instant::now() + config.max_batch_wait;
+    /// Pulls more messages while the queue holds more, until the token `budget` is reached or
+    /// the batch `wait` has passed (the sidecar's, or its runtime profile's, for this task). A
+    /// request that finds the queue empty is sent at once.
+    async fn fill(&mut self, budget: usize, wait: Duration, stop: &CancellationToken) {
+        let deadline = Instant::now() + wait;
         // A request larger than one call is being worked through, and nothing pulled since it
         // says what queued behind it: look (without waiting) for requests of other keys, so
         // that the next call is shared fairly. At most LOOKAHEAD requests are held so.
@@ -334,13 +338,8 @@ impl TaskLoop {
         loop {
             let tokens = self.carry.tokens();
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let Some(want) = fill_want(
-                tokens,
-                self.carry.len(),
-                config.max_batch_tokens,
-                self.queued,
-                remaining,
-            ) else {
+            let Some(want) = fill_want(tokens, self.carry.len(), budget, self.queued, remaining)
+            else {
                 return;
             };
             let pulled = tokio::select! {
@@ -557,9 +556,8 @@ async fn run_batch(
             // make one reply, so the request runs again from the start.
             if let Some(envelope) = part.held.take() {
                 let error = ErrorBody::new(
-                    "MODEL_NOT_LOADED",
+                    Code::ModelNotLoaded,
                     "the task's model changed while this request ran in parts; it runs again",
-                    true,
                 );
                 settler.hand_back(envelope, error).await;
             }
@@ -574,7 +572,7 @@ async fn run_batch(
         // Evicted or lost with a runtime restart between choosing and running.
         for held in distinct(&live) {
             if let Some(envelope) = held.take() {
-                let error = ErrorBody::new("MODEL_NOT_LOADED", "the model was unloaded", true);
+                let error = ErrorBody::new(Code::ModelNotLoaded, "the model was unloaded");
                 settler.hand_back(envelope, error).await;
             }
         }
@@ -611,7 +609,7 @@ async fn run_batch(
                 "batch done"
             );
         }
-        Err(Error::Runtime(body)) if body.code == "DEADLINE_EXCEEDED" => {
+        Err(Error::Runtime(body)) if body.is(Code::DeadlineExceeded) => {
             // The runtime dropped it unrun: every deadline had passed while it queued there.
             drop(permit);
             for held in distinct(&live) {

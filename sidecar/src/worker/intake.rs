@@ -9,22 +9,12 @@ use async_nats::jetstream::object_store::ObjectStore;
 use async_nats::HeaderMap;
 use tokio::io::AsyncReadExt;
 
-use super::tokens::estimate_tokens;
+use crate::contract;
 use crate::error::{Error, Result};
 use crate::nats::Payloads;
 use crate::protocol::{self, Inputs, TaskPayload, TextKind};
 
-pub const HEADER_REQUEST_ID: &str = "Tf-Request-Id";
-pub const HEADER_REPLY: &str = "Tf-Reply";
-pub const HEADER_DEADLINE: &str = "Tf-Deadline";
-pub const HEADER_ERROR: &str = "Tf-Error";
-/// The oldest placement epoch the request may be answered from (the gateway stamps the newest
-/// epoch its caller has seen): a worker still serving an older one hands the message back.
-pub const HEADER_MIN_EPOCH: &str = "Tf-Min-Epoch";
-/// The caller's API key (absent when the gateway runs without auth): worker time is shared
-/// fairly between keys (`fair.rs`).
-pub const HEADER_KEY: &str = "Tf-Key";
-/// Longest key name kept; a longer header is cut (it only names a queue).
+/// Longest key name kept; a longer `Tf-Key` is cut (it only names a queue).
 const MAX_KEY_CHARS: usize = 128;
 
 /// A message this worker holds (pulled, not yet acked, nakked or terminated).
@@ -59,22 +49,26 @@ pub struct RequestHeaders {
 }
 
 impl RequestHeaders {
-    /// Reads the headers; missing or malformed ones read as absent, never fail.
+    /// Reads the headers (named in contract/shared.toml `[headers]`); missing or malformed ones
+    /// read as absent, never fail. `min_epoch`: the oldest placement epoch the request may be
+    /// answered from (the gateway stamps the newest epoch its caller has seen): a worker still
+    /// serving an older one hands the message back.
     pub fn read(headers: Option<&HeaderMap>) -> Self {
+        let names = &contract::declared().headers;
         let header = |name: &str| {
             headers
                 .and_then(|h| h.get(name))
                 .map(|v| v.as_str().to_string())
         };
-        let request_id = header(HEADER_REQUEST_ID)
-            .or_else(|| header("Nats-Msg-Id"))
+        let request_id = header(&names.request_id)
+            .or_else(|| header(&names.msg_id))
             .unwrap_or_default();
-        let reply_to = header(HEADER_REPLY).filter(|s| !s.trim().is_empty());
-        let deadline_ms = header(HEADER_DEADLINE).and_then(|v| v.trim().parse().ok());
-        let min_epoch = header(HEADER_MIN_EPOCH)
+        let reply_to = header(&names.reply).filter(|s| !s.trim().is_empty());
+        let deadline_ms = header(&names.deadline).and_then(|v| v.trim().parse().ok());
+        let min_epoch = header(&names.min_epoch)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
-        let key = header(HEADER_KEY)
+        let key = header(&names.key)
             .map(|k| k.trim().chars().take(MAX_KEY_CHARS).collect())
             .unwrap_or_default();
         Self {
@@ -174,18 +168,6 @@ impl Work {
                     documents,
                 })
                 .collect(),
-        }
-    }
-
-    /// The batching estimate of tokens. A (query, document) pair is one sequence holding both
-    /// texts, so a score request counts the query once per document.
-    pub fn tokens(&self) -> usize {
-        match self {
-            Work::Embed { texts, .. } | Work::Classify { texts } => estimate_tokens(texts),
-            Work::Score { query, documents } => {
-                let query_tokens = estimate_tokens(std::slice::from_ref(query));
-                query_tokens * documents.len() + estimate_tokens(documents)
-            }
         }
     }
 }
@@ -310,12 +292,13 @@ mod tests {
 
     #[test]
     fn the_callers_key_is_read_and_bounded() {
+        let names = &contract::declared().headers;
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_REQUEST_ID, "r1");
+        headers.insert(names.request_id.as_str(), "r1");
         assert_eq!(RequestHeaders::read(Some(&headers)).key, "");
-        headers.insert(HEADER_KEY, " tfk_abc ");
+        headers.insert(names.key.as_str(), " tfk_abc ");
         assert_eq!(RequestHeaders::read(Some(&headers)).key, "tfk_abc");
-        headers.insert(HEADER_KEY, "k".repeat(1000).as_str());
+        headers.insert(names.key.as_str(), "k".repeat(1000).as_str());
         assert_eq!(
             RequestHeaders::read(Some(&headers)).key.len(),
             MAX_KEY_CHARS

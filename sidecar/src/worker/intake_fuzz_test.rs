@@ -5,7 +5,8 @@
 use async_nats::HeaderMap;
 use proptest::prelude::*;
 
-use super::{parse_payload, RequestHeaders, HEADER_DEADLINE, HEADER_REPLY, HEADER_REQUEST_ID};
+use super::{parse_payload, RequestHeaders};
+use crate::contract;
 use crate::protocol::{
     self, Inputs, PayloadRef, Placement, QueuePayload, TaskPayload, TextKind, WorkerHeartbeat,
 };
@@ -60,11 +61,12 @@ proptest! {
         numeric in any::<u64>(),
         use_numeric in any::<bool>(),
     ) {
+        let names = &contract::declared().headers;
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_REQUEST_ID, request_id.as_str());
-        headers.insert(HEADER_REPLY, reply.as_str());
+        headers.insert(names.request_id.as_str(), request_id.as_str());
+        headers.insert(names.reply.as_str(), reply.as_str());
         let deadline = if use_numeric { numeric.to_string() } else { deadline };
-        headers.insert(HEADER_DEADLINE, deadline.as_str());
+        headers.insert(names.deadline.as_str(), deadline.as_str());
         let read = RequestHeaders::read(Some(&headers));
         if use_numeric {
             prop_assert_eq!(read.deadline_ms, Some(numeric));

@@ -15,12 +15,13 @@ use async_nats::jetstream::{self, message::AckKind};
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 
-use super::intake::{Envelope, HEADER_ERROR};
-use super::now_ms;
+use super::intake::Envelope;
+use crate::clock::now_ms;
+use crate::contract;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::nats::Payloads;
-use crate::protocol::{self, EmbeddingsData, ErrorBody, PayloadRef, ReplyMessage};
+use crate::protocol::{self, Code, EmbeddingsData, ErrorBody, PayloadRef, ReplyMessage};
 
 /// NATS's default `max_payload`, used until the server has told its own.
 const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
@@ -220,7 +221,7 @@ impl Settler {
         } else {
             "the request's deadline passed before a worker could run it"
         };
-        let error = ErrorBody::new("DEADLINE_EXCEEDED", message, redelivered);
+        let error = ErrorBody::new(Code::DeadlineExceeded, message).retryable(redelivered);
         let reply = ReplyMessage::error(&envelope.request_id, error);
         if let Err(e) = self.reply(&envelope, reply).await {
             tracing::warn!(request_id = %envelope.request_id, error = %e, "expiry reply not sent");
@@ -231,6 +232,21 @@ impl Settler {
     /// A processing failure: retried until the last delivery, then dead-lettered. Payloads
     /// that can never succeed go to the DLQ at once.
     pub async fn fail(&self, envelope: Envelope, error: &Error) {
+        if matches!(error, Error::EngineUnavailable(_)) {
+            // The engine behind the http runtime is down for every worker: tell the caller
+            // now (retryable, the gateway adds Retry-After) rather than retry until its
+            // deadline and answer a bare timeout.
+            tracing::warn!(request_id = %envelope.request_id, error = %error, "engine unavailable; answered retryable");
+            metrics()
+                .retries
+                .inc(&[&self.task, Code::RuntimeUnavailable.as_str()]);
+            let reply = ReplyMessage::error(&envelope.request_id, error.to_body());
+            if let Err(e) = self.reply(&envelope, reply).await {
+                tracing::warn!(request_id = %envelope.request_id, error = %e, "error reply not sent");
+            }
+            self.ack(&envelope, AckKind::Term).await;
+            return;
+        }
         if matches!(error, Error::BadPayload(_)) || self.is_last_delivery(&envelope) {
             self.dead_letter(envelope, error).await;
         } else {
@@ -291,11 +307,14 @@ impl Settler {
         }
         let summary = format!("{}: {}", error.code, error.message);
         // Header values must stay on one line.
-        headers.insert(HEADER_ERROR, summary.replace(['\r', '\n'], " ").as_str());
+        headers.insert(
+            contract::declared().headers.error.as_str(),
+            summary.replace(['\r', '\n'], " ").as_str(),
+        );
         let ack = self
             .js
             .publish_with_headers(
-                format!("dlq.{}", self.task),
+                contract::declared().nats.streams.dlq.subject(&self.task),
                 headers,
                 envelope.msg.payload.clone(),
             )

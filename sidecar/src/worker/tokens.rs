@@ -261,6 +261,22 @@ pub async fn prepare(counter: &Arc<TokenCounter>, work: Work) -> (Work, Vec<usiz
     }
 }
 
+// Here, not in intake.rs, where `Work` is: counting is this module's concern, and intake
+// needs nothing of it.
+impl Work {
+    /// The batching estimate of tokens. A (query, document) pair is one sequence holding both
+    /// texts, so a score request counts the query once per document.
+    pub fn tokens(&self) -> usize {
+        match self {
+            Work::Embed { texts, .. } | Work::Classify { texts } => estimate_tokens(texts),
+            Work::Score { query, documents } => {
+                let query_tokens = estimate_tokens(std::slice::from_ref(query));
+                query_tokens * documents.len() + estimate_tokens(documents)
+            }
+        }
+    }
+}
+
 /// The batching estimate without a tokenizer: a quarter of the characters (at least one per
 /// text).
 pub fn estimate_tokens(texts: &[String]) -> usize {

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::Result;
+use crate::protocol::Code;
 use crate::runtime::failure;
 
 /// How token vectors become one sentence vector.
@@ -42,7 +43,7 @@ struct Module {
 }
 
 fn load_failed(message: String) -> crate::error::Error {
-    failure("LOAD_FAILED", message, false)
+    failure(Code::LoadFailed, message)
 }
 
 fn read_json(path: &Path) -> Result<Value> {

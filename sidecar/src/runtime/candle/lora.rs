@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::error::Result;
+use crate::protocol::Code;
 use crate::runtime::failure;
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +37,7 @@ struct AdapterConfig {
 }
 
 fn load_failed(message: String) -> crate::error::Error {
-    failure("LOAD_FAILED", message, false)
+    failure(Code::LoadFailed, message)
 }
 
 impl AdapterConfig {

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::*;
+use crate::error::Result;
 
 type Roundtrip = fn(&[u8]) -> Result<Vec<u8>>;
 
@@ -213,6 +214,8 @@ fn absent_optionals_are_nil_not_omitted() {
         replicas: 1,
         memory_bytes: 0,
         runtime: "torch".into(),
+        profiles: None,
+        applied: None,
     }
     .load_request(std::path::Path::new("/cache"));
     load.id = 7;
