@@ -416,6 +416,21 @@ class ScaleSettings:
     seeds: tuple[int, ...] = (0, 1, 2)
 
 
+def _knee_rows(rows: list[ScaleRow]) -> list[str]:
+    """One table line per fleet size: each mode's median knee, then pull's ratio to each push
+    mode (median, range over the seeds)."""
+    lines = []
+    for row in rows:
+        cells = [f"{statistics.median(row.knees[m]):.1f}" for m in MODES]
+        for push in ("push-rr", "push-lo"):
+            ratios = row.ratio(push)
+            cells.append(
+                f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f})"
+            )
+        lines.append(f"| {row.workers} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def section(
     calibration_raw: dict[str, Any] | None,
     real_steps: Sequence[Step],
@@ -518,14 +533,7 @@ def section(
         "| workers | pull | push-rr | push-lo | pull / push-rr | pull / push-lo |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in rows:
-        cells = [f"{statistics.median(row.knees[m]):.1f}" for m in MODES]
-        for push in ("push-rr", "push-lo"):
-            ratios = row.ratio(push)
-            cells.append(
-                f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f})"
-            )
-        lines.append(f"| {row.workers} | " + " | ".join(cells) + " |")
+    lines += _knee_rows(rows)
     lines += [
         "",
         "The same fleets with **one batch in flight per worker** (`--max-inflight-batches 1`; "
@@ -535,14 +543,7 @@ def section(
         "| workers | pull | push-rr | push-lo | pull / push-rr | pull / push-lo |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in rows_one:
-        cells = [f"{statistics.median(row.knees[m]):.1f}" for m in MODES]
-        for push in ("push-rr", "push-lo"):
-            ratios = row.ratio(push)
-            cells.append(
-                f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f})"
-            )
-        lines.append(f"| {row.workers} | " + " | ".join(cells) + " |")
+    lines += _knee_rows(rows_one)
     capacity = statistics.mean(1 / f for f in spread(max(scale.sizes), scale.slowest))
     lines += [
         "",

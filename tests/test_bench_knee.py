@@ -42,16 +42,16 @@ def test_task_names_land_on_the_chosen_workers() -> None:
 
 
 def test_routers() -> None:
-    rr = knee.Router("push-rr", "shared", ["t0", "t1"])
+    rr = knee.Router("push-rr", 2)
     assert [rr.pick() for _ in range(4)] == [0, 1, 0, 1]
-    lo = knee.Router("push-lo", "shared", ["t0", "t1"])
+    lo = knee.Router("push-lo", 2)
     first = lo.pick()
     second = lo.pick()
     assert {first, second} == {0, 1}
     lo.done(second)
     assert lo.pick() == second  # the worker with nothing in flight
-    pull = knee.Router("pull", "shared", ["t0", "t1"])
-    assert pull.task(pull.pick()) == "shared"
+    pull = knee.Router("pull", 2)
+    assert pull.pick() == -1  # the shared queue: no worker chosen
 
 
 def test_arrivals_are_the_same_for_every_mode_and_poisson() -> None:

@@ -51,7 +51,8 @@ def test_every_app_and_the_sidecar_use_codes_of_the_list() -> None:
             assert cls.code in ErrorCode.__members__, cls
     assert {c.value for c in protocol.SocketErrorCode} <= set(ErrorCode.__members__)
     rust = "".join(p.read_text() for p in (REPO / "sidecar" / "src").rglob("*.rs"))
-    sidecar_codes = set(re.findall(r'ErrorBody::new\(\s*"([A-Z_]+)"', rust))
+    # The sidecar names every code it emits in its typed Code (sidecar/src/protocol/codes.rs).
+    sidecar_codes = set(re.findall(r'Code::\w+ => "([A-Z_]+)"', rust))
     assert sidecar_codes and sidecar_codes <= set(ErrorCode.__members__), sidecar_codes
 
 

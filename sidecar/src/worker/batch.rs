@@ -456,6 +456,13 @@ impl TaskLoop {
             .as_ref()
             .map(|p| p.epoch);
         if let Some(serving) = serving.filter(|&s| envelope.min_epoch > s) {
+            // A request for the desired placement's epoch is demand for its model: a lazy
+            // model starts loading now, or no request would ever reach the loop to load it
+            // (every one asks for the new epoch and is handed back here).
+            let desired = self.placement.borrow().clone();
+            if desired.epoch >= envelope.min_epoch {
+                let _ = self.workers.residency.ensure(&desired);
+            }
             self.hand_back_behind(envelope, serving);
             return;
         }
