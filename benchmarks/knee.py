@@ -131,7 +131,11 @@ class Fleet:
         port = free_port()
         taskfleet = [sys.executable, "-m", "taskfleet", "--home", str(self.root)]
         for name, command in (
-            ("serve", [*taskfleet, "serve", "--no-auth", "--port", str(free_port())]),
+            # No re-evaluation of the override-placed models beside the measured load.
+            (
+                "serve",
+                [*taskfleet, "serve", "--no-auth", "--no-reevaluate", "--port", str(free_port())],
+            ),
             ("gateway", [*taskfleet, "gateway", "--no-auth", "--port", str(port)]),
         ):
             log = (self.root / f"{name}.log").open("wb")

@@ -110,6 +110,9 @@ def start_stack(
     command = [
         sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", str(workers),
         "--no-auth", "--port", str(port), "--control-port", str(cport),
+        # The served candidate is placed without an eval run: a re-evaluation of it would
+        # share the CPU with what is measured.
+        "--no-reevaluate",
     ]  # fmt: skip
     log = (home / "up.log").open("wb")
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

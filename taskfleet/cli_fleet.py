@@ -25,6 +25,7 @@ from taskfleet.server_options import (
     FORWARDED_ALLOW_IPS,
     INSECURE,
     MODEL_ROOTS,
+    REEVALUATE,
     server_edge,
 )
 
@@ -410,6 +411,7 @@ def up(
     forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
     allowed_host: list[str] | None = ALLOWED_HOSTS,
     model_root: list[Path] | None = MODEL_ROOTS,
+    reevaluate: bool = REEVALUATE,
 ) -> None:
     """Start the whole fleet on this machine; Ctrl-C stops everything. `--workers` start torch
     workers; a task is served by the workers of the runtime its placement names."""
@@ -452,6 +454,7 @@ def up(
         probe_period_s=settings.endpoint_probe_period_s,
         database_url=settings.resolved_database_url,
         mlflow_uri=settings.resolved_mlflow_uri,
+        reevaluate=reevaluate,
     )
     state = stack_file()
 

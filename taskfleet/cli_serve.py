@@ -22,6 +22,7 @@ from taskfleet.server_options import (
     FORWARDED_ALLOW_IPS,
     INSECURE,
     MODEL_ROOTS,
+    REEVALUATE,
     server_edge,
 )
 
@@ -58,6 +59,7 @@ def serve(
     forwarded_allow_ips: str | None = FORWARDED_ALLOW_IPS,
     allowed_host: list[str] | None = ALLOWED_HOSTS,
     model_root: list[Path] | None = MODEL_ROOTS,
+    reevaluate: bool = REEVALUATE,
 ) -> None:
     """Run the control plane: REST API (OpenAPI docs at /docs), the web dashboard (/) and,
     unless --no-publish, the placement publisher and fleet watcher.
@@ -97,7 +99,9 @@ def serve(
             announce=_say,
             artifact_source=artifact_source(),
             probe_period_s=settings.endpoint_probe_period_s,
-            extra_loops=production_loops(registry, url, shell_paths(settings)),
+            extra_loops=production_loops(
+                registry, url, shell_paths(settings), reevaluate=reevaluate
+            ),
         )
     app = create_app(
         registry,

@@ -1,7 +1,8 @@
 """What every command that runs an HTTP server (`serve`, `gateway`, `up`) is told about its
 edge: whether it may run without keys where others reach it, which proxies' forwarded headers
 it believes, which Host names the control plane answers to, which folders REST may register
-models from. The options are declared once here; flags override the `TASKFLEET_*` settings.
+models from; and (`serve`, `up`) whether the leading control plane runs re-evaluations. The
+options are declared once here; flags override the `TASKFLEET_*` settings.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ MODEL_ROOTS = typer.Option(
     help="A folder the REST API may register base models and adapters from; repeat for more "
     "(env TASKFLEET_MODEL_ROOTS, comma-separated; default none: REST registers models by "
     "package only, the CLI is not bound).",
+)
+
+REEVALUATE = typer.Option(
+    True,
+    "--reevaluate/--no-reevaluate",
+    help="Whether the leader queues and runs re-evaluations of stale pairings (one eval run "
+    "at a time, on this machine's CPU). --no-reevaluate: none here (the dashboard still "
+    "shows what is stale), e.g. on a machine that only serves, or while measuring it "
+    "(`taskfleet tune`, benchmarks).",
 )
 
 

@@ -297,6 +297,7 @@ class StackConfig:
     database_url: str | None = None
     mlflow_uri: str | None = None
     production: bool = True  # run the production loops on the leader
+    reevaluate: bool = True  # and, in them, the re-evaluations they queue
 
     def worker_kinds(self) -> list[tuple[str, int]]:
         return [
@@ -332,7 +333,7 @@ def _production_loops(
             cache_dir=config.home / "cache", mlflow_uri=config.mlflow_uri, data_root=config.data_dir
         ),
     )
-    return production_loops(registry, nats_url, paths)
+    return production_loops(registry, nats_url, paths, reevaluate=config.reevaluate)
 
 
 class QuietServer(uvicorn.Server):

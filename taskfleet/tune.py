@@ -324,8 +324,9 @@ class PrivateStack:
             [
                 sys.executable, "-m", "taskfleet", "--home", str(self.home),
                 "--database-url", self.database_url, "up", "--workers", "1", "--no-auth",
-                "--port", str(self.port), "--control-port", str(self.control_port),
-                "--device", self.device,
+                # Measured alone: no re-evaluation of the served model beside the sweep.
+                "--no-reevaluate", "--port", str(self.port),
+                "--control-port", str(self.control_port), "--device", self.device,
             ],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -77,15 +77,68 @@ def _seed(home: Path, task: str, model: Path, *, promote: bool = False) -> None:
     reg.close()
 
 
-def _launch_up(home: Path, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], int, int]:
+def _launch_up(
+    home: Path, log: IO[bytes], *args: str, workers: int = 1
+) -> tuple[subprocess.Popen[bytes], int, int]:
     """`taskfleet up --workers 1 --no-auth` on free ports; returns it and its two ports."""
     port, control_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "1",
-         "--no-auth", "--port", str(port), "--control-port", str(control_port)],
+        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", str(workers),
+         "--no-auth", "--port", str(port), "--control-port", str(control_port), *args],
         cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     return proc, port, control_port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        for pid in _descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        return proc.wait()
+
+
+def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """A champion placed by override has no evidence, so the leader's production loop queues
+    its evaluation and runs it beside the serving (default). `--no-reevaluate` (what `taskfleet
+    tune` and the benchmarks start) queues and runs none: nothing shares the CPU with what they
+    measure."""
+    home = tmp_path / "home"
+    task = unique_task("noreeval")
+    _seed(home, task, tiny_model_path, promote=True)
+    reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+
+    def leading(control_port: int) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            health = httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()
+            return bool(health.get("publisher") == "leader")
+        return False
+
+    try:
+        with (tmp_path / "quiet.log").open("wb") as log:
+            proc, _, control_port = _launch_up(home, log, "--no-reevaluate", workers=0)
+            try:
+                wait_until(lambda: leading(control_port), timeout_s=60)
+                time.sleep(5 * 2.0)  # five production ticks (taskfleet/production.py TICK_S)
+                assert reg.list_reevaluations(task) == []
+                assert proc.poll() is None, (tmp_path / "quiet.log").read_text()[-2000:]
+            finally:
+                _stop(proc)
+        with (tmp_path / "default.log").open("wb") as log:
+            proc, _, control_port = _launch_up(home, log, workers=0)
+            try:
+                queued = wait_until(lambda: reg.list_reevaluations(task), timeout_s=60)
+                assert queued[0].candidate == "tiny" and "no eval run" in queued[0].reason
+            finally:
+                _stop(proc)
+    finally:
+        reg.close()
 
 
 def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: Path) -> None:
