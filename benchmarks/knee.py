@@ -331,7 +331,8 @@ def references(model_path: Path, args: argparse.Namespace) -> Pools:
 
     queries = load_passages(QUERIES, args.query_pool, args.seed)
     passages = load_passages(CORPUS, args.passage_pool, args.seed)
-    from serving.runtime.encoder import Encoder, ModelSpec
+    from serving.runtime.encoder import Encoder
+    from serving.runtime.model_folder import ModelSpec
 
     model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
     encoder = Encoder(ModelSpec(base_path=model_path), model=model)

@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks.knee_load import MODES, Arrival, Router, scaled_schedule
 from benchmarks.knee_report import Step, knee
-from serving.runtime.encoder import DEFAULT_MAX_PADDING, default_batch_limits, plan_batches
+from serving.runtime.batch_planning import DEFAULT_MAX_PADDING, default_batch_limits, plan_batches
 
 LIMITS = (
     "each worker owns its CPU: the real run's workers share two cores with each other and "

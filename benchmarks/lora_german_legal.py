@@ -54,7 +54,7 @@ def main() -> None:
     from finetune.job import train_adapter
     from registry.bootstrap import paired_difference_ci
     from registry.fingerprint import tree_sha256
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     torch.set_num_threads(args.threads)
     hp = preset(args.preset)

@@ -33,7 +33,7 @@ BOUNDS = (1.0, 0.10)
 
 def per_second(encoder: Any, texts: list[str], group: int, bound: float) -> tuple[float, float]:
     """(texts/s, padded tokens / real tokens) encoding ``texts`` ``group`` at a time."""
-    from serving.runtime.encoder import plan_batches
+    from serving.runtime.batch_planning import plan_batches
 
     encoder.max_padding = bound
     padded = real = 0
@@ -49,7 +49,8 @@ def per_second(encoder: Any, texts: list[str], group: int, bound: float) -> tupl
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from serving.runtime.encoder import Encoder, ModelSpec
+    from serving.runtime.encoder import Encoder
+    from serving.runtime.model_folder import ModelSpec
 
     base = args.base_path or packaged_model()
     texts = load_passages(args.corpus, args.passages, args.seed)
@@ -96,7 +97,7 @@ sentence-transformers' own `encode` over all {found["texts"]} texts at once (bat
 length): **{st:.1f} texts/s**, the baseline of the last column.
 
 - Max padding 1.0 is the plan before issue 13 (one forward pass per call, padded to its longest
-  text); 0.10 the default now (`serving/runtime/encoder.py`, `plan_batches`; the runtime's
+  text); 0.10 the default now (`serving/runtime/batch_planning.py`, `plan_batches`; the runtime's
   `--max-padding`). A call of ~10 one-text requests is what the sidecar hands the runtime at
   32 requests in flight x 1 text.
 - Texts: {found["texts"]} GerLayQA corpus passages (shuffled with seed {args.seed}),

@@ -256,7 +256,8 @@ def variant_reference(home: Path, engine: str, texts: list[str], source: Referen
     """In-process vectors of the variant the stack serves: ONNX Runtime on the same folder,
     through the same encoder as the runtime."""
     from registry import Registry
-    from serving.runtime.encoder import Encoder, ModelSpec
+    from serving.runtime.encoder import Encoder
+    from serving.runtime.model_folder import ModelSpec
 
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
     try:

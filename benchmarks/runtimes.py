@@ -187,7 +187,7 @@ def score(model: Path, target: RuntimeTarget, sample: int | None, cache_dir: Pat
     from evals.retrievers import DenseRetriever
     from evals.suites import builtin_spec
     from registry.fingerprint import tree_sha256
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     suite = builtin_spec("german-legal-retrieval")
     cache = EmbeddingCache.in_dir(cache_dir)

@@ -27,7 +27,7 @@ from evals.harness import ClassificationOutput
 from evals.retrievers import ProgressFn, measured_cost, no_progress
 
 if TYPE_CHECKING:
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
 
 class MajorityClass:

@@ -33,7 +33,7 @@ from evals.retrievers import (
 )
 
 if TYPE_CHECKING:
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
     from serving.runtime.remote import RuntimeTarget
 
 

@@ -20,7 +20,8 @@ from evals.cache import CachedCost, EmbeddingCache, namespace, text_key
 from evals.cost import Usage, add_runtime, metered, process_cpu_seconds
 
 if TYPE_CHECKING:
-    from serving.runtime.encoder import EncodeStats, ModelSpec, TextKind
+    from serving.runtime.encoder import EncodeStats
+    from serving.runtime.model_folder import ModelSpec, TextKind
     from serving.runtime.remote import RuntimeTarget, TextEncoder
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, items done now, phase total)

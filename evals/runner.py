@@ -84,7 +84,7 @@ def resolve_candidate(
     ``runtime`` (default: torch, in-process)."""
     from registry import RegistryError
     from registry.runtimes import check_servable
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     allowed = CANDIDATE_KINDS.get(suite.kind, ())
     if candidate.kind not in allowed:
@@ -208,8 +208,8 @@ def run_eval(
     """Evaluate a registered candidate on its task's suite (through ``runtime``, default the
     in-process torch one), record the run, then ask for the task's auto-promotion."""
     from registry.entities import EvalRunCreate
-    from serving.runtime.encoder import ModelLoadError
     from serving.runtime.heads import HeadError
+    from serving.runtime.model_folder import ModelLoadError
 
     suite = task_suite(reg, task, paths)
     split = split or suite.test_split

@@ -1,6 +1,6 @@
 """LoRA fine-tuning of sentence-transformers embedding models (peft on torch).
 
-The trainer builds its model with the shared model library (`serving.runtime.encoder`), so the
+The trainer builds its model with the shared model library (`serving.runtime`), so the
 adapter it writes is evaluated and served through exactly the code it was trained with.
 """
 

@@ -26,7 +26,7 @@ from finetune.data import LabelledTexts, RerankGroups
 from finetune.errors import TrainingDataError
 from finetune.modeling import add_trainable_lora, trainable_parameters
 from finetune.trainer import Step, StepCallback, TrainingResult, optimize, seed_everything
-from serving.runtime.encoder import padded_features, pair_features
+from serving.runtime.tokenising import padded_features, pair_features
 from serving.runtime.windows import TextWindows
 
 

@@ -19,7 +19,6 @@ from finetune.head_training import train_classifier, train_cross_encoder
 from finetune.modeling import save_adapter
 from finetune.negatives import mine_bm25, mine_with_model
 from finetune.trainer import StepCallback, TrainingResult, train_lora
-from serving.runtime.encoder import ModelSpec, embedding_dimension, load_sentence_transformer
 from serving.runtime.heads import (
     HeadKind,
     HeadSpec,
@@ -29,6 +28,8 @@ from serving.runtime.heads import (
     save_head,
     save_linear_head,
 )
+from serving.runtime.model_folder import ModelSpec, embedding_dimension
+from serving.runtime.model_loading import load_sentence_transformer
 
 
 @dataclass

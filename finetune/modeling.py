@@ -1,6 +1,6 @@
 """Put a trainable LoRA on a model built by the shared model library, and embed with it.
 
-The model always comes from `serving.runtime.encoder.load_sentence_transformer`, and `embed`
+The model always comes from `serving.runtime.model_loading.load_sentence_transformer`, and `embed`
 runs the same tokenize + forward the runtime's `Encoder` runs, so the vectors seen during
 training are the vectors the served adapter produces.
 """
@@ -16,7 +16,8 @@ import numpy as np
 
 from finetune.config import LoraHyperparameters
 from finetune.errors import AdapterConfigError
-from serving.runtime.encoder import ModelLoadError, attach_adapter, replace_network
+from serving.runtime.model_folder import ModelLoadError
+from serving.runtime.model_loading import attach_adapter, replace_network
 
 
 def add_trainable_lora(model: Any, hp: LoraHyperparameters, parent_adapter: Path | None) -> None:

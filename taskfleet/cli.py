@@ -138,7 +138,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     reaches it, SystemExit of a successful command included."""
     errors: list[type[BaseException]] = [RegistryError]
     for module, name in (
-        ("serving.runtime.encoder", "ModelLoadError"),
+        ("serving.runtime.model_folder", "ModelLoadError"),
         ("evals.errors", "EvalError"),
         ("finetune.errors", "FinetuneError"),
         ("serving.connection", "NatsOptionsError"),

@@ -153,8 +153,8 @@ def build_tiny_head(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from serving.runtime.encoder import embedding_dimension
     from serving.runtime.heads import HeadSpec, new_head, save_head
+    from serving.runtime.model_folder import embedding_dimension
 
     if lora:
         build_tiny_adapter(base_path, path, seed=seed)

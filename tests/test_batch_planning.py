@@ -13,12 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.runtime.encoder import (
-    DEFAULT_MAX_PADDING,
-    Encoder,
-    ModelSpec,
-    plan_batches,
-)
+from serving.runtime.batch_planning import DEFAULT_MAX_PADDING, plan_batches
+from serving.runtime.encoder import Encoder
+from serving.runtime.model_folder import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["der", "mieter", "muss", "die", "kündigung", "schriftlich", "erklären", "haftung"]

@@ -18,8 +18,9 @@ from finetune.data import load_labelled
 from finetune.errors import InvalidHyperparameters
 from finetune.job import train_head_adapter
 from registry.fingerprint import file_sha256
-from serving.runtime.encoder import ModelSpec, load_sentence_transformer
 from serving.runtime.heads import HeadError, read_spec
+from serving.runtime.model_folder import ModelSpec
+from serving.runtime.model_loading import load_sentence_transformer
 from serving.runtime.pool import ClassifyWork, ModelPool
 from serving.runtime.windows import TextWindows, WindowError, window_starts
 from testbed.tiny_model import build_tiny_head

@@ -16,7 +16,7 @@ from evals.cost import add_runtime, metered
 from evals.harness import evaluate
 from evals.retrievers import DenseRetriever
 from evals.suites import beir_suite
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from tests.beir_fixture import build_beir
 
 

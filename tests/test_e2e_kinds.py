@@ -24,7 +24,7 @@ from evals.suites import declare
 from registry import Registry
 from registry.entities import TrainingRecord
 from serving.client import Client
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from testbed.fleet import free_port, wait_until
 from testbed.tiny_model import build_tiny_adapter, build_tiny_head, build_tiny_model
 from tests.beir_fixture import build_beir

@@ -17,7 +17,8 @@ from testbed.tiny_model import build_tiny_model
 
 def _loaded_bytes(path: Path) -> int:
     """What the runtime reports for this model once loaded (parameters + buffers)."""
-    from serving.runtime.encoder import ModelSpec, load_sentence_transformer
+    from serving.runtime.model_folder import ModelSpec
+    from serving.runtime.model_loading import load_sentence_transformer
     from serving.runtime.pool import module_bytes
 
     return module_bytes(load_sentence_transformer(ModelSpec(base_path=path), device="cpu"))

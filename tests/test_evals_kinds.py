@@ -20,7 +20,7 @@ from evals.rerankers import BM25Reranker, CrossEncoderReranker, RandomReranker, 
 from evals.retrievers import BM25Retriever
 from evals.suites import SuiteSpec, declare
 from registry.bootstrap import macro_f1_ci, macro_f1_resamples, paired_macro_f1_ci
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from testbed.tiny_model import build_tiny_head
 from tests.kinds_fixture import build_classification, build_rerank
 

@@ -19,7 +19,7 @@ from finetune.head_training import class_weights
 from finetune.job import fit_linear_head, train_head_adapter
 from finetune.trainer import mean_loss
 from registry.fingerprint import file_sha256, read_head_kind
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from serving.runtime.pool import ClassifyWork, ModelPool, ScoreWork
 from tests.kinds_fixture import build_classification, build_rerank
 

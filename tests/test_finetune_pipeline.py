@@ -18,7 +18,8 @@ from finetune.pipeline import FinetuneRequest, finetune_lora
 from finetune.trainer import StepReport
 from registry import AlreadyExists, LineageError, Registry
 from registry.fingerprint import file_sha256, tree_sha256
-from serving.runtime.encoder import Encoder, ModelSpec
+from serving.runtime.encoder import Encoder
+from serving.runtime.model_folder import ModelSpec
 from testbed.tiny_model import build_tiny_model
 from tests.beir_fixture import build_beir
 

@@ -24,7 +24,8 @@ from finetune.modeling import embed_no_grad
 from finetune.negatives import mine_bm25
 from finetune.trainer import MEMORY_SAVING_STEP_TOKENS, mean_loss, step_tokens
 from registry.fingerprint import file_sha256
-from serving.runtime.encoder import Encoder, ModelSpec
+from serving.runtime.encoder import Encoder
+from serving.runtime.model_folder import ModelSpec
 from tests.beir_fixture import build_beir
 
 # Small enough for a few seconds on one core, big enough for the loss to move clearly.
@@ -176,7 +177,7 @@ def test_base_model_hard_negatives_exclude_positives(
     suite: SuiteSpec, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     from finetune.negatives import mine_with_model
-    from serving.runtime.encoder import load_sentence_transformer
+    from serving.runtime.model_loading import load_sentence_transformer
 
     data = load_training_pairs(suite)
     model = load_sentence_transformer(ModelSpec(tiny_model_path, max_seq_length=32))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from serving.runtime.pool import EncodeItem, ModelPool
 from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 

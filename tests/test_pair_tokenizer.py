@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from serving.runtime.encoder import PairTokenizer, pair_template
+from serving.runtime.tokenising import PairTokenizer, pair_template
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gerlayqa-rerank"
 

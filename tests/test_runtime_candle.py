@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from evals.suites import declare_builtin
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
 from testbed.gerlayqa import SHARED_DATA, gerlayqa_passages
@@ -41,7 +41,7 @@ def candle_target() -> RuntimeTarget:
 def sentence_transformers(base: Path, texts: list[str], adapter: Path | None = None) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
-    from serving.runtime.encoder import attach_adapter
+    from serving.runtime.model_loading import attach_adapter
 
     model = SentenceTransformer(str(base), device="cpu", local_files_only=True)
     if adapter is not None:

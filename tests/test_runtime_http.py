@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from serving.embedded_nats import free_port
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from serving.runtime.remote import RemoteEncoder, RemoteRuntimeError, RuntimeTarget
 from taskfleet.stack import find_sidecar_binary
 from testbed.gerlayqa import gerlayqa_passages

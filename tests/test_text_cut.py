@@ -10,13 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.runtime.encoder import (
-    CHARS_PER_TOKEN,
-    Encoder,
-    ModelSpec,
-    PairTokenizer,
-    cut_text,
-)
+from serving.runtime.encoder import Encoder
+from serving.runtime.model_folder import ModelSpec
+from serving.runtime.tokenising import CHARS_PER_TOKEN, PairTokenizer, cut_text
 from serving.runtime.windows import TextWindows
 from tests.conftest import REPO
 

@@ -176,7 +176,7 @@ def test_what_a_variant_cannot_be_is_refused_in_one_line(
 def test_the_runtime_embeds_with_a_variant_and_refuses_other_ops(
     reg: Registry, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    from serving.runtime.encoder import ModelLoadError, ModelSpec
+    from serving.runtime.model_folder import ModelLoadError, ModelSpec
     from serving.runtime.pool import (
         ClassifyWork,
         EncodeItem,
@@ -202,7 +202,7 @@ def test_the_runtime_embeds_with_a_variant_and_refuses_other_ops(
 def test_an_int8_vector_is_the_same_alone_and_in_any_batch(reg: Registry) -> None:
     """Dynamic quantisation scales activations per call: int8 runs each text alone, unpadded,
     so a text's vector does not depend on the texts batched with it (padding included)."""
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
     from serving.runtime.onnx_variant import OnnxModel
     from serving.runtime.pool import EncodeItem, ModelPool
 

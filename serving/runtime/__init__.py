@@ -4,6 +4,8 @@ The eval harness, the trainer and the serving runtime all call this same code in
 so what is evaluated is exactly what is served.
 """
 
-from serving.runtime.encoder import Batch, Encoder, EncodeStats, ModelSpec
+from serving.runtime.batch_planning import Batch
+from serving.runtime.encoder import Encoder, EncodeStats
+from serving.runtime.model_folder import ModelSpec
 
 __all__ = ["Batch", "EncodeStats", "Encoder", "ModelSpec"]

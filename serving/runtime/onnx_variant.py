@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from serving.runtime.encoder import VARIANT_MANIFEST, embedding_dimension
+from serving.runtime.model_folder import VARIANT_MANIFEST, embedding_dimension
 
 #: The variants this module builds; the registry's vocabulary (registry.runtimes.MODEL_VARIANTS)
 #: names the same ones (a test checks), since the runtime imports nothing of the registry.

@@ -43,21 +43,19 @@ from serving.runtime.baseline_artifact import (
 )
 from serving.runtime.bgmv import BASE_SLOT, MixedLora, mixed_lora
 from serving.runtime.classifier import Classifier
-from serving.runtime.encoder import (
-    VARIANT_MANIFEST,
-    Encoder,
-    ModelLoadError,
-    ModelSpec,
-    attach_adapter,
-    check_adapter_folder,
-    detach_adapter,
-    has_lora,
-    is_onnx_variant,
-    load_sentence_transformer,
-    refuse_adapter_on_variant,
-)
+from serving.runtime.encoder import Encoder
 from serving.runtime.heads import HeadError, HeadSpec, has_head, load_head, with_head_limit
 from serving.runtime.lexical import Bm25, TfidfLogReg
+from serving.runtime.model_folder import (
+    VARIANT_MANIFEST,
+    ModelLoadError,
+    ModelSpec,
+    check_adapter_folder,
+    has_lora,
+    is_onnx_variant,
+    refuse_adapter_on_variant,
+)
+from serving.runtime.model_loading import attach_adapter, detach_adapter, load_sentence_transformer
 from serving.runtime.scorer import Scorer
 
 

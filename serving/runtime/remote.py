@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from serving import protocol as p
-from serving.runtime.encoder import Encoder, EncodeStats, ModelLoadError, ModelSpec, TextKind
+from serving.runtime.encoder import Encoder, EncodeStats
+from serving.runtime.model_folder import ModelLoadError, ModelSpec, TextKind
 
 RUNTIME_KINDS = ("torch", "candle", "http")
 # Texts per infer request: small enough for steady progress, large enough for the runtime's

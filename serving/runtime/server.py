@@ -31,8 +31,9 @@ from typing import Any, TypeVar
 
 from serving import protocol as p
 from serving.runtime import memory
-from serving.runtime.encoder import DEFAULT_MAX_PADDING, ModelLoadError, ModelSpec
+from serving.runtime.batch_planning import DEFAULT_MAX_PADDING
 from serving.runtime.heads import HeadError
+from serving.runtime.model_folder import ModelLoadError, ModelSpec
 from serving.runtime.pool import (
     ClassifyWork,
     EncodeItem,

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from serving.runtime.encoder import cut_texts, template
+from serving.runtime.tokenising import cut_texts, template
 
 #: (input ids, token type ids) of one window, special tokens included.
 Window = tuple[list[int], list[int]]

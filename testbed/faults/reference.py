@@ -36,7 +36,8 @@ class Reference:
         if adapter_path is None:
             self._model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
         else:
-            from serving.runtime.encoder import ModelSpec, load_sentence_transformer
+            from serving.runtime.model_folder import ModelSpec
+            from serving.runtime.model_loading import load_sentence_transformer
 
             spec = ModelSpec(model_path, adapter_path)
             self._model = load_sentence_transformer(spec, device="cpu")

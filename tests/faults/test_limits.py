@@ -156,7 +156,7 @@ def test_a_classification_reply_above_max_payload_comes_through_the_object_store
     embeddings' path (object-store reference), and every probability equals the in-process
     classifier's. (A rerank reply holds one float32 per document, at most 8 KiB.)"""
     from evals.classifiers import ModelClassifier
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     base = build_tiny_model(tmp_path / "base", seed=31)
     labels = tuple(f"label-{i:03d}" for i in range(160))
@@ -193,7 +193,7 @@ def test_a_rerank_request_of_2048_long_documents_is_answered_and_2049_refused(
     Cohere-shape route, and nothing is queued for it."""
     from evals.rerankers import CrossEncoderReranker
     from serving.client import Client, TaskfleetError
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     base = build_tiny_model(tmp_path / "base", seed=41)
     head = build_tiny_head(base, tmp_path / "ce", kind="score", seed=42)

@@ -138,7 +138,8 @@ def test_a_text_of_megabytes_holds_no_one_up(fleet: LocalFleet, tiny_model_path:
     the runtime: 114 s, and 31 of 32 other calls failed. It is cut to what the model reads
     (64 tokens x 16 characters here) before any tokeniser runs; its vector is the in-process
     encoder's (the eval harness's), and the worker's heartbeats keep their period."""
-    from serving.runtime.encoder import Encoder, ModelSpec
+    from serving.runtime.encoder import Encoder
+    from serving.runtime.model_folder import ModelSpec
 
     task = serve(fleet, tiny_model_path)
     reference = Reference(tiny_model_path)
@@ -163,7 +164,7 @@ def test_a_rerank_query_of_900_kb_holds_no_one_up(fleet: LocalFleet, tmp_path: P
     task stalled ~30 s. The query is cut, then tokenised once; the scores equal the
     in-process cross-encoder's."""
     from evals.rerankers import CrossEncoderReranker
-    from serving.runtime.encoder import ModelSpec
+    from serving.runtime.model_folder import ModelSpec
 
     base = build_tiny_model(tmp_path / "base", seed=51)
     head = build_tiny_head(base, tmp_path / "ce", kind="score", seed=52)
