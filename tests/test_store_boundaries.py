@@ -11,6 +11,7 @@
 - Gateways and workers load nothing of the registry's database layer: not in the process the
   ``taskfleet gateway``/``taskfleet worker`` commands start, and not anywhere in the import
   graph of the gateway and runtime packages (lazy imports inside functions included).
+- The runtime package has no import circle (lazy imports included).
 """
 
 from __future__ import annotations
@@ -273,6 +274,62 @@ def test_gateway_and_runtime_reach_no_database_layer_in_the_import_graph(package
     reached = _import_closure(start)
     registry_modules = {m for m in reached if m.split(".")[0] == "registry"}
     assert registry_modules <= DATABASE_FREE, sorted(registry_modules - DATABASE_FREE)
+
+
+def _project_imports(name: str, path: Path, files: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports at any depth (lazy ones too), not counting its own
+    parent packages (every submodule runs those first; that is no circle)."""
+    parents = {".".join(name.split(".")[:i]) for i in range(1, len(name.split(".")))}
+    found: set[str] = set()
+    for module, names, _ in _imports(path):
+        found.update(m for m in (module, *(f"{module}.{n}" for n in names)) if m in files)
+    return found - parents - {name}
+
+
+def _import_circles(package: str) -> list[list[str]]:
+    """The import circles among the modules of ``package``: each strongly connected group of
+    modules that reach each other through imports (Tarjan's algorithm)."""
+    files = {_module_name(p): p for p in _sources(package)}
+    edges = {name: _project_imports(name, path, files) for name, path in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(edges[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = [stack.pop()]
+            while group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for name in sorted(files):
+        if name not in index:
+            visit(name)
+    return circles
+
+
+def test_the_runtime_package_has_no_import_circle() -> None:
+    """Each module of ``serving/runtime`` can be read bottom-up: none imports (inside a
+    function too) a module that imports it back, directly or through others. The encoder and
+    ``onnx_variant.py`` once did: the loader imported the variant's model inside a function,
+    the variant the manifest's name from the encoder."""
+    files = {_module_name(p): p for p in _sources("serving/runtime")}
+    assert len(files) > 10, "the walk found too few modules (did the layout change?)"
+    circles = _import_circles("serving/runtime")
+    assert not circles, circles
+    # The walk sees imports inside functions, where the old circle hid.
+    loader = "serving.runtime.model_loading"
+    assert "serving.runtime.onnx_variant" in _project_imports(loader, files[loader], files)
 
 
 def _lazy_imports_of(command: str) -> list[str]:
