@@ -5,7 +5,7 @@
 //!
 //! Before it is counted, every text is cut to what the model can read: `CHARS_PER_TOKEN`
 //! characters per token (`cut_text`), the rule of the runtime's encoder
-//! (`serving/runtime/encoder.py`), so a 30 MB text costs the tokeniser a few thousand
+//! (`serving/runtime/tokenising.py`), so a 30 MB text costs the tokeniser a few thousand
 //! characters and reaches the runtime cut. Counting runs on tokio's blocking pool, at most
 //! `tokenising_slots()` at once, never on the async loop that sends heartbeats and replies.
 //!
@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use super::intake::Work;
 use crate::protocol::{Placement, TextKind};
 
-/// Characters of a text kept per token the model reads (`serving/runtime/encoder.py` has the
+/// Characters of a text kept per token the model reads (`serving/runtime/tokenising.py` has the
 /// same number and says why it is generous; a test keeps the two equal).
 pub const CHARS_PER_TOKEN: usize = 16;
 /// The tokens a model is taken to read when neither its placement nor its folder names a
