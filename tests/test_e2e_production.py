@@ -33,7 +33,7 @@ from evals.suites import SuiteSpec, declare
 from registry import Registry
 from registry.entities import EvalRun, TrainingRecord
 from serving.client import Client
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from testbed.fleet import free_port, wait_until
 from testbed.tiny_model import build_tiny_head, build_tiny_model
 from tests.kinds_fixture import LABELS, build_classification, build_rerank

@@ -31,7 +31,7 @@ from registry import Registry
 from registry import entities as e
 from registry.entities import TrainingRecord
 from registry.promotions import EvidenceStale
-from serving.runtime.encoder import ModelSpec
+from serving.runtime.model_folder import ModelSpec
 from taskfleet.production import ProductionTicker, ShellPaths, SuiteJudge
 from testbed.tiny_model import build_tiny_head, build_tiny_model
 from tests.kinds_fixture import LABELS, build_classification
