@@ -161,8 +161,10 @@ def seed(bench: Bench, items: int) -> Keys:
             reg.promote(task, champion, reason="first champion (production benchmark)")
         elif current.name != champion:  # an auto-promotion of a reused home chose another
             reg.promote(task, champion, override=True, reason="the benchmark's champion")
-        # One live version of exactly the replayed items; no drift window fills in the run.
-        reg.set_production_settings(task, live_every=items, drift_window=100_000, sample_rate=0.0)
+        # One live version of exactly the replayed items; no drift window fills in the run;
+        # every request sampled from the start, so the gateways know it before the replays
+        # (the shadow-cost rows set their own rates).
+        reg.set_production_settings(task, live_every=items, drift_window=100_000, sample_rate=1.0)
     with contextlib.suppress(Exception):
         reg.stop_shadow(AREA, reason="the benchmark starts with no shadow")
     running = reg.current_shadow(RERANK)
