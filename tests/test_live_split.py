@@ -45,3 +45,37 @@ def test_a_rerank_request_naming_two_corpus_documents_of_one_text_keeps_both(
     assert ids[:3] == [str(corpus[0]["_id"]), str(corpus[1]["_id"]), "twin"]
     assert len(set(ids)) == 4 and data.corpus[ids[3]] == same
     assert data.qrels[item_id(item)] == {"twin": 1}
+
+
+def test_a_cut_that_fails_for_one_task_leaves_the_others_ticking(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """A live cut refused by the suite's reader is that task's warning, retried next tick:
+    before, its SuiteDataError left the ticker's loop, the leader gave up the lead and no
+    task was cut, re-evaluated or watched for drift any more."""
+    from evals.runner import EvalPaths
+    from taskfleet.production import ProductionTicker, ShellPaths, SuiteJudge
+    from tests.kinds_fixture import build_classification
+
+    rank = build_rerank(tmp_path / "rank", queries={"test": 4, "train": 2})
+    area = build_classification(tmp_path / "area")
+    for task, kind, folder in (("a-rank", "rerank", rank), ("b-area", "classification", area)):
+        registry.add_suite(declare(f"{task}-suite", kind, folder)[0])
+        registry.add_task(task, suite=f"{task}-suite")
+        registry.set_production_settings(task, live_every=1)
+    live: dict[str, dict[str, object]] = {
+        "a-rank": {"query": "wer erbt?", "documents": ["x", "y"], "relevant": [0]},
+        "b-area": {"text": "Darf der Vermieter kündigen?", "label": "miete"},
+    }
+    for task, item in live.items():
+        registry.add_live_item(e.LiveItemCreate(task, f"r-{task}", 0, item))
+    # The rerank suite's files changed under it so that its reader refuses them: its cut fails.
+    ranked = rank / "top_ranked" / "test.jsonl"
+    first = json.loads(ranked.read_text(encoding="utf-8").splitlines()[0])
+    first["corpus-ids"] = first["corpus-ids"][:1] * 2
+    ranked.write_text(json.dumps(first) + "\n", encoding="utf-8")
+    paths = EvalPaths(cache_dir=tmp_path / "cache")
+    shell = ShellPaths(home=tmp_path / "home", database_url="", data_root=None, eval_paths=paths)
+    ProductionTicker(registry, SuiteJudge(registry, paths), shell, reevaluate=False).tick()
+    assert registry.get_suite("b-area-suite").version == 2
+    assert registry.get_suite("a-rank-suite").version == 1
