@@ -10,8 +10,9 @@ the kind reads:
   relevant corpus ids (the corpus is the suite's own);
 - rerank: the live queries appended to ``queries.jsonl``, ``top_ranked/live.jsonl`` listing each
   request's documents in the order they were sent, ``qrels/live.tsv`` the relevant ones. A
-  document whose text is a corpus document's keeps that document's id; any other is appended to
-  ``corpus.jsonl`` under an id from its text's hash.
+  document whose text is a corpus document's keeps that document's id (the n-th copy of a text
+  that several corpus documents share, the n-th of them in corpus order); any other is appended
+  to ``corpus.jsonl`` under an id from its text's hash.
 
 Item ids are ``live-<request id>-<input index>``, so two versions name the same item alike. The
 folder lives under the home (``<home>/live/<suite>/v<next version>``); a cut that would hold
