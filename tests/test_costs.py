@@ -32,16 +32,20 @@ def test_the_meter_counts_cpu_and_memory_of_the_block_and_of_a_runtime_process()
     assert busy.peak_bytes >= 100 * 2**20 > idle.peak_bytes
     del block
 
+    # The child says when it has spent its 0.5 s of CPU (a fixed sleep before measuring was
+    # too short on a loaded machine: 0.4 s counted).
     child = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import time\nt = time.process_time() + 0.5\n"
-            "while time.process_time() < t: pass\ntime.sleep(30)",
-        ]
+            "import sys, time\nt = time.process_time() + 0.5\n"
+            "while time.process_time() < t: pass\nprint('spent', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(1.5)
+        assert child.stdout is not None and child.stdout.readline().strip() == "spent"
         with metered() as usage:
             pass
         add_runtime(usage, child.pid)
