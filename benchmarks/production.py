@@ -766,7 +766,7 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
             lines.append(
                 f"| {i} | {r['setting']} | {r['sent']} | {r['answered']} | {r['failed']} | "
                 f"{r['sampled']} | {r['foreign']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
-                f"{r['copies'].get('sent', 0)} | {shed} | {outcomes} | {r['load']:.1f} |"
+                f"{r['copies'].get('sent', '-')} | {shed} | {outcomes} | {r['load']:.1f} |"
             )
         med, ratio = v["medians"], v["ratios"]
         lines += [
@@ -862,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_for(lambda: shadows_serving(bench.reg, [RERANK]), timeout_s=180)
                 if args.reuse_cost is not None:
                     earlier = json.loads(args.reuse_cost.read_text())
-                    results.update(cost=earlier["cost"], verdicts=earlier["verdicts"])
+                    results.update(cost=earlier["cost"], verdicts=verdicts(earlier["cost"]))
                     results["cost_from"] = f"{earlier['date']} ({earlier['command']})"
                 elif not args.skip_load:
                     results["cost"] = measure_cost(stack, bench.reg, keys, args)
