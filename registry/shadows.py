@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from registry import entities as e
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.evalruns import newest_run_row
-from registry.kinds import BASELINE_KINDS
 from registry.models import AdapterRow, BaseModelRow, CandidateRow, ShadowRow, TaskRow, utcnow
 from registry.production_settings import check_settings, settings_of, write_settings
 from registry.promotion_history import champion_pairing
@@ -52,7 +51,9 @@ class ShadowRepository:
         with self.tx.write() as s:
             task_row = get_task_row(s, task)
             cand = get_candidate_row(s, task, candidate)
-            if cand.kind in BASELINE_KINDS or cand.base_model_id is None:
+            # A fitted baseline (tfidf-lr, rerank bm25) has its artifact as base model and is
+            # placed like any model; a model-free one has nothing to place.
+            if cand.base_model_id is None:
                 raise InvalidInput(
                     f"a {cand.kind} candidate has no model to place on the fleet, so it cannot "
                     "be a shadow"
@@ -69,6 +70,8 @@ class ShadowRepository:
                 adapter=adapter_name,
                 task_kind=task_row.kind,
                 variant=base.variant,
+                model_format=base.format,
+                endpoint_kind=(base.endpoint or {}).get("kind"),
             )
             champion = champion_pairing(s, task_row.id)
             if champion is None:

@@ -10,8 +10,9 @@ the kind reads:
   relevant corpus ids (the corpus is the suite's own);
 - rerank: the live queries appended to ``queries.jsonl``, ``top_ranked/live.jsonl`` listing each
   request's documents in the order they were sent, ``qrels/live.tsv`` the relevant ones. A
-  document whose text is a corpus document's keeps that document's id; any other is appended to
-  ``corpus.jsonl`` under an id from its text's hash.
+  document whose text is a corpus document's keeps that document's id (the n-th copy of a text
+  that several corpus documents share, the n-th of them in corpus order); any other is appended
+  to ``corpus.jsonl`` under an id from its text's hash.
 
 Item ids are ``live-<request id>-<input index>``, so two versions name the same item alike. The
 folder lives under the home (``<home>/live/<suite>/v<next version>``); a cut that would hold
@@ -109,19 +110,30 @@ def _retrieval(items: list[e.LiveItem], target: Path) -> None:
 
 def _rerank(items: list[e.LiveItem], target: Path) -> None:
     corpus_path = target / "corpus.jsonl"
-    by_text = {doc_text(row): str(row["_id"]) for _, row in read_jsonl(corpus_path)}
+    # Every id per text, in corpus order: a corpus may hold one text under several ids (GerLayQA
+    # has repealed paragraphs that all read "(weggefallen)"), and a list naming two of them must
+    # name each once. The n-th copy of a text in a request is the n-th such id, as the suite's
+    # lists (in corpus order) name them; copies beyond those get ids of their own.
+    by_text: dict[str, list[str]] = {}
+    for _, row in read_jsonl(corpus_path):
+        by_text.setdefault(doc_text(row), []).append(str(row["_id"]))
     added: list[dict[str, object]] = []
     lists: list[dict[str, object]] = []
     judged: list[tuple[str, str]] = []
     for item in items:
-        ids = []
+        ids: list[str] = []
+        seen: dict[str, int] = {}
         for text in item.item["documents"]:
-            doc = by_text.get(text.strip())
-            if doc is None:
-                doc = "live-doc-" + hashlib.sha256(text.encode()).hexdigest()[:24]
-                by_text[text.strip()] = doc
+            key = text.strip()
+            copy = seen.get(key, 0)
+            seen[key] = copy + 1
+            known = by_text.setdefault(key, [])
+            if copy >= len(known):
+                digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+                doc = f"live-doc-{digest}" + (f"-{copy}" if copy else "")
+                known.append(doc)
                 added.append({"_id": doc, "title": "", "text": text})
-            ids.append(doc)
+            ids.append(known[copy])
         lists.append({"query-id": item_id(item), "corpus-ids": ids})
         judged += [(item_id(item), ids[k]) for k in item.item["relevant"]]
     text = corpus_path.read_text(encoding="utf-8")

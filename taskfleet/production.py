@@ -308,12 +308,16 @@ class ProductionTicker:
                     self._running[1].kill()
 
     def tick(self) -> None:
-        """Steps 1-4 (queueing) for every task; blocking (run in a thread)."""
+        """Steps 1-4 (queueing) for every task; blocking (run in a thread). One task's
+        failure (a live cut its suite's reader refuses, data that moved) is a warning for that
+        task, tried again next tick: it must not stop the loop for every task."""
+        from evals.errors import EvalError
+
         self.registry.prune_samples()
         for task in self.registry.list_tasks():
             try:
                 self._task_tick(task)
-            except (RegistryError, OSError, ValueError) as exc:
+            except (RegistryError, EvalError, OSError, ValueError) as exc:
                 log.warning("production, task %s: %s", task.name, exc)
 
     def _task_tick(self, task: e.Task) -> None:

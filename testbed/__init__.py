@@ -10,6 +10,8 @@
 - `tiny_model` - tiny random BERT models, adapters and heads built in a second;
 - `declared_tasks` - tasks on a declared suite (a record, no data);
 - `gerlayqa` - passages of the shared GerLayQA data;
+- `production` - `taskfleet up` driven from outside: replays with feedback, live runs, offline
+  evals of the replayed items;
 - `faults/` - the fault kit: counting client, reference vectors, injectors, scenarios.
 
 Not part of the distribution (like `tests/` and `benchmarks/`); checked by mypy.

@@ -6,17 +6,12 @@ share of the champion's top 3 documents in the shadow's top 3); the feedback bec
 version of each suite, on which the control plane re-evaluates champion and shadow by itself,
 each on exactly the live items, with the macro-F1 / nDCG@10 of an offline eval of those items;
 bad feedback is one documented 4xx each and nothing is recorded twice. The suites are small
-fixtures so that `make test` stays cheap; the 1,000-item replays of the german-legal tasks and
-the shadow's cost under load are not measured yet (docs/architecture.md "Not yet")."""
+fixtures so that `make test` stays cheap; benchmarks/production.py drives the same steps
+(testbed/production.py) on 1,000 items of the german-legal tasks and measures the shadow's
+cost under load."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -24,28 +19,37 @@ import numpy as np
 import pytest
 
 from evals import agreement
-from evals.beir import doc_text, read_jsonl
-from evals.classifiers import ModelClassifier
-from evals.harness import evaluate
-from evals.rerankers import CrossEncoderReranker
 from evals.runner import EvalPaths, run_eval
-from evals.suites import SuiteSpec, declare
+from evals.suites import declare
 from registry import Registry
-from registry.entities import EvalRun, TrainingRecord
+from registry.entities import AgreementSummary, TrainingRecord
 from serving.client import Client
-from serving.runtime.model_folder import ModelSpec
-from testbed.fleet import free_port, wait_until
+from testbed.fleet import wait_until
+from testbed.production import (
+    UpStack,
+    classification_folder,
+    judged,
+    label_agreement,
+    labelled_texts,
+    live_runs,
+    offline_eval,
+    ranked_queries,
+    replay_classification,
+    replay_rerank,
+    shadows_serving,
+    taskfleet_up,
+    top_overlap,
+)
 from testbed.tiny_model import build_tiny_head, build_tiny_model
 from tests.kinds_fixture import LABELS, build_classification, build_rerank
 
-REPO = Path(__file__).resolve().parent.parent
 TASK = "area"
 ITEMS = 12
 RERANK = "rank"
 QUERIES = 8
 
 
-def _seed(home: Path, tmp: Path) -> tuple[dict[str, Path], dict[str, Path], dict[str, str]]:
+def _seed(home: Path, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
     base = build_tiny_model(tmp / "base", seed=31)
     heads = {
         "a": build_tiny_head(base, tmp / "a", seed=32),
@@ -84,30 +88,7 @@ def _seed(home: Path, tmp: Path) -> tuple[dict[str, Path], dict[str, Path], dict
         "other": reg.create_api_key("elsewhere", roles=["caller"], tasks=["other"])[1],
     }
     reg.close()
-    return {"base": base, **heads}, folders, keys
-
-
-def _rows(folder: Path) -> list[dict[str, str]]:
-    lines = (folder / "test.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def _rerank_rows(folder: Path) -> list[tuple[str, list[str], list[int]]]:
-    """The test split's (query, documents in the order judged, indexes of the relevant ones),
-    the documents' texts as the eval harness reads them."""
-    corpus = {str(row["_id"]): doc_text(row) for _, row in read_jsonl(folder / "corpus.jsonl")}
-    queries = {str(row["_id"]): str(row["text"]) for _, row in read_jsonl(folder / "queries.jsonl")}
-    relevant: dict[str, set[str]] = {}
-    for line in (folder / "qrels" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]:
-        qid, doc, _ = line.split("\t")
-        relevant.setdefault(qid, set()).add(doc)
-    out = []
-    for line in (folder / "top_ranked" / "test.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        ids = [str(d) for d in row["corpus-ids"]]
-        hits = [k for k, d in enumerate(ids) if d in relevant[str(row["query-id"])]]
-        out.append((queries[str(row["query-id"])], [corpus[d] for d in ids], hits))
-    return out
+    return folders, keys
 
 
 @pytest.mark.slow  # a whole fleet: two sidecars with their runtimes, re-evaluation subprocesses
@@ -115,165 +96,110 @@ def test_shadow_feedback_live_split_and_reevaluation_through_taskfleet_up(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    models, folders, keys = _seed(home, tmp_path)
-    port, control_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TASKFLEET_NATS_URL"}
-    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    log = (tmp_path / "up.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "taskfleet", "--home", str(home), "up", "--workers", "2",
-         "--port", str(port), "--control-port", str(control_port)],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    folders, keys = _seed(home, tmp_path)
     reg = Registry.open(f"sqlite:///{home / 'registry.db'}", artifact_dir=home / "artifacts")
+    stack: UpStack | None = None
     try:
-        gateway = f"http://127.0.0.1:{port}"
-        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=60)
+        with taskfleet_up(home, tmp_path / "up.log", "--workers", "2") as stack:
+            gateway = stack.gateway
+            # The shadow runs beside the champion, on the other worker.
+            wait_until(lambda: shadows_serving(reg, (TASK, RERANK)), timeout_s=90, every_s=0.5)
 
-        def shadows_serving() -> bool:
-            workers = reg.list_workers(reachable_only=True)
-            for task in (TASK, RERANK):
-                holders = {w.worker_id for w in workers if f"{task}.shadow" in w.epochs}
-                champions = {w.worker_id for w in workers if task in w.epochs}
-                # The shadow runs beside the champion, on the other worker.
-                if not holders or not champions or holders & champions:
-                    return False
-            return True
+            rows = labelled_texts(folders[TASK])
+            ranked = ranked_queries(folders[RERANK])
+            with Client(gateway, keys["app"], max_retries=30) as client:
+                replay = replay_classification(client, TASK, rows)
+                replay_ranked = replay_rerank(client, RERANK, ranked)
+            last, last_ranked = replay.replies[-1].request_id, replay_ranked.replies[-1].request_id
 
-        wait_until(shadows_serving, timeout_s=90, every_s=0.5)
+            # Bad feedback: one documented 4xx each, in the one error shape.
+            def feedback(body: dict[str, object], key: str = keys["app"]) -> httpx.Response:
+                return httpx.post(
+                    f"{gateway}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}
+                )
 
-        rows = _rows(folders[TASK])
-        ranked = _rerank_rows(folders[RERANK])
-        champion_labels: list[str] = []
-        champion_scores: list[np.ndarray] = []
-        with Client(gateway, keys["app"], max_retries=30) as client:
-            for row in rows:
-                reply = client.classify(TASK, [row["text"]])
-                assert reply.sampled and reply.request_id is not None
-                champion_labels += reply.predictions()
-                client.feedback(reply.request_id, label=row["label"])
-            last = reply.request_id
-            for query, documents, relevant in ranked:
-                scored = client.rerank(RERANK, query, documents)
-                assert scored.sampled and scored.request_id is not None
-                champion_scores.append(scored.scores)
-                client.feedback(scored.request_id, relevant=relevant)
-            last_ranked = scored.request_id
+            mine, theirs, label, bad = keys["app"], keys["other"], LABELS[0], "BAD_REQUEST"
+            refusals: dict[str, tuple[dict[str, object], str, int, str]] = {
+                "again": ({"request_id": last, "label": label}, mine, 409, "FEEDBACK_EXISTS"),
+                "unknown": ({"request_id": "f" * 32, "label": label}, mine, 404, "UNKNOWN_REQUEST"),
+                "label": ({"request_id": last, "label": "zoll"}, mine, 400, bad),
+                "index": ({"request_id": last, "label": label, "index": 1}, mine, 400, bad),
+                "scope": ({"request_id": last, "label": label}, theirs, 403, "FORBIDDEN"),
+                "shape": ({"request_id": last}, mine, 400, bad),
+                "document": ({"request_id": last_ranked, "relevant": [99]}, mine, 400, bad),
+                "kind": ({"request_id": last_ranked, "label": label}, mine, 400, bad),
+            }  # fmt: skip
+            for what, (body, key, status, code) in refusals.items():
+                r = feedback(body, key)
+                assert (r.status_code, r.json()["error"]["code"]) == (status, code), (what, r.text)
 
-        # Bad feedback: one documented 4xx each, in the one error shape.
-        def feedback(body: dict[str, object], key: str = keys["app"]) -> httpx.Response:
-            return httpx.post(
-                f"{gateway}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}
-            )
-
-        mine, theirs, label = keys["app"], keys["other"], LABELS[0]
-        refusals: dict[str, tuple[dict[str, object], str, int, str]] = {
-            "again": ({"request_id": last, "label": label}, mine, 409, "FEEDBACK_EXISTS"),
-            "unknown": ({"request_id": "f" * 32, "label": label}, mine, 404, "UNKNOWN_REQUEST"),
-            "label": ({"request_id": last, "label": "zoll"}, mine, 400, "BAD_REQUEST"),
-            "index": ({"request_id": last, "label": label, "index": 1}, mine, 400, "BAD_REQUEST"),
-            "scope": ({"request_id": last, "label": label}, theirs, 403, "FORBIDDEN"),
-            "shape": ({"request_id": last}, mine, 400, "BAD_REQUEST"),
-            "document": ({"request_id": last_ranked, "relevant": [99]}, mine, 400, "BAD_REQUEST"),
-            "kind": ({"request_id": last_ranked, "label": label}, mine, 400, "BAD_REQUEST"),
-        }
-        for what, (body, key, status, code) in refusals.items():
-            r = feedback(body, key)
-            assert (r.status_code, r.json()["error"]["code"]) == (status, code), (what, r.text)
-
-        # The control plane keeps every sample with the shadow's side, and the agreement it
-        # reports is the share of inputs on which both models gave the caller the same answer.
-        def judged(task: str, inputs: int) -> object:
-            summary = reg.agreement_summary(task)
-            return summary if summary.outcomes.get("ok") == inputs else None
-
-        summary = wait_until(lambda: judged(TASK, ITEMS), timeout_s=60, every_s=0.5)
-        shadow = ModelClassifier(ModelSpec(models["base"], models["b"])).classifier()
-        texts = [row["text"] for row in rows]
-        shadow_labels = [shadow.labels[i] for i in np.argmax(shadow.predict_proba(texts), axis=1)]
-        same = np.mean([a == b for a, b in zip(champion_labels, shadow_labels, strict=True)])
-        assert summary.estimate == pytest.approx(float(same), abs=1e-12)  # type: ignore[attr-defined]
-        assert summary.shadow == "b" and summary.inputs == ITEMS  # type: ignore[attr-defined]
-
-        summary = wait_until(lambda: judged(RERANK, QUERIES), timeout_s=60, every_s=0.5)
-        scorer = CrossEncoderReranker(ModelSpec(models["base"], models["rb"])).scorer()
-        theirs_scores = scorer.score([(query, documents) for query, documents, _ in ranked])
-        top = agreement.RERANK_TOP
-        overlap = [
-            len(set(np.argsort(-a)[:top]) & set(np.argsort(-np.asarray(b))[:top])) / top
-            for a, b in zip(champion_scores, theirs_scores, strict=True)
-        ]
-        assert summary.estimate == pytest.approx(float(np.mean(overlap)), abs=1e-12)  # type: ignore[attr-defined]
-        assert summary.shadow == "rb" and summary.inputs == QUERIES  # type: ignore[attr-defined]
-
-        # The feedback became a live version of each suite; champion and shadow were
-        # re-evaluated on it by the control plane (live splits first, one at a time).
-        def live_runs(task: str, pair: tuple[str, str]) -> dict[str, EvalRun] | None:
-            suite = reg.get_suite(f"{task}-suite")
-            if suite.live_split is None:
-                return None
-            runs = {
-                r.candidate: r
-                for r in reg.list_eval_runs(task)
-                if r.suite_fingerprint == suite.fingerprint and r.split == "live"
+            # The shadows' answers in-process, on exactly the replayed items (the offline evals
+            # the live runs are compared with below).
+            replayed = classification_folder(rows, folders[TASK], tmp_path / "items")
+            offline = {
+                (TASK, name): offline_eval(reg, TASK, name, replayed, home / "cache")
+                for name in ("a", "b")
             }
-            return runs if set(runs) == set(pair) else None
+            # The rerank replay is the whole test split: the suite folder is exactly the items.
+            offline |= {
+                (RERANK, name): offline_eval(reg, RERANK, name, folders[RERANK], home / "cache")
+                for name in ("ra", "rb")
+            }
 
-        offline = SuiteSpec(
-            name="offline", kind="classification", location=_only(rows, tmp_path / "offline"),
-            test_split="test",
-        )  # fmt: skip
-        # The rerank replay is the whole test split, so the suite's own test split is exactly
-        # the live items.
-        offline_rank = SuiteSpec(
-            name="offline-rank", kind="rerank", location=folders[RERANK], test_split="test"
-        )
-        checks: dict[str, tuple[tuple[str, str], int, SuiteSpec, str]] = {
-            TASK: (("a", "b"), ITEMS, offline, "macro_f1"),
-            RERANK: (("ra", "rb"), QUERIES, offline_rank, "ndcg_at_10"),
-        }
-        for task, (pair, items, spec, metric) in checks.items():
-            runs = wait_until(lambda: live_runs(task, pair), timeout_s=300, every_s=1.0)  # noqa: B023
-            assert reg.live_counts(task) == (items, 0)  # recorded once each, all in the version
-            live = reg.get_suite(f"{task}-suite")
-            counted = "items" if task == TASK else "queries"
-            assert live.version == 2 and live.stats["live"][counted] == items
-            for name in pair:
-                run = runs[name]
-                assert len(run.per_query) == items
-                assert set(run.per_query) == set(runs[pair[0]].per_query)
-                model = ModelSpec(models["base"], models[name])
-                alone = evaluate(
-                    spec,
-                    "test",
-                    ModelClassifier(model) if task == TASK else CrossEncoderReranker(model),
+            # The control plane keeps every sample with the shadow's side, and the agreement it
+            # reports is the share of inputs on which both models gave the caller the same answer.
+            def all_answered(task: str, shadow: str, inputs: int) -> AgreementSummary | None:
+                summary = judged(reg, task, shadow, inputs)
+                return (
+                    summary
+                    if summary is not None and summary.outcomes.get("ok") == inputs
+                    else None
                 )
-                assert run.metrics[metric] == pytest.approx(alone.metrics[metric], abs=1e-9), (
-                    task,
-                    name,
+
+            summary = wait_until(lambda: all_answered(TASK, "b", ITEMS), timeout_s=60, every_s=0.5)
+            served = [label for reply in replay.replies for label in reply.predictions()]
+            same = label_agreement(served, offline[(TASK, "b")].labels())
+            assert summary.estimate == pytest.approx(same, abs=1e-12)
+            assert summary.shadow == "b" and summary.inputs == ITEMS
+
+            summary = wait_until(
+                lambda: all_answered(RERANK, "rb", QUERIES), timeout_s=60, every_s=0.5
+            )
+            overlap = [
+                top_overlap(
+                    reply.scores, offline[(RERANK, "rb")].scores(query), agreement.RERANK_TOP
                 )
-            # Champion and shadow, each queued on the new version's live and test splits.
-            assert sorted((r.candidate, r.split) for r in reg.list_reevaluations(task)) == [
-                (pair[0], "live"), (pair[0], "test"), (pair[1], "live"), (pair[1], "test"),
-            ]  # fmt: skip
+                for reply, query in zip(replay_ranked.replies, ranked, strict=True)
+            ]
+            assert summary.estimate == pytest.approx(float(np.mean(overlap)), abs=1e-12)
+            assert summary.shadow == "rb" and summary.inputs == QUERIES
+
+            # The feedback became a live version of each suite; champion and shadow were
+            # re-evaluated on it by the control plane (live splits first, one at a time).
+            checks: dict[str, tuple[tuple[str, str], int, str]] = {
+                TASK: (("a", "b"), ITEMS, "macro_f1"),
+                RERANK: (("ra", "rb"), QUERIES, "ndcg_at_10"),
+            }
+            for task, (pair, items, metric) in checks.items():
+                runs = wait_until(lambda: live_runs(reg, task, pair), timeout_s=300, every_s=1.0)  # noqa: B023
+                assert reg.live_counts(task) == (items, 0)  # recorded once each, all in the version
+                live = reg.get_suite(f"{task}-suite")
+                counted = "items" if task == TASK else "queries"
+                assert live.version == 2 and live.stats["live"][counted] == items
+                for name in pair:
+                    run = runs[name]
+                    assert len(run.per_query) == items
+                    assert set(run.per_query) == set(runs[pair[0]].per_query)
+                    alone = offline[(task, name)].result
+                    assert run.metrics[metric] == pytest.approx(alone.metrics[metric], abs=1e-9), (
+                        task,
+                        name,
+                    )
+                # Champion and shadow, each queued on the new version's live and test splits.
+                assert sorted((r.candidate, r.split) for r in reg.list_reevaluations(task)) == [
+                    (pair[0], "live"), (pair[0], "test"), (pair[1], "live"), (pair[1], "test"),
+                ]  # fmt: skip
     finally:
         reg.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        with contextlib.suppress(Exception):
-            print((tmp_path / "up.log").read_text()[-6000:])
-
-
-def _only(rows: list[dict[str, str]], root: Path) -> Path:
-    """A suite folder whose test split is exactly the replayed items."""
-    root.mkdir(parents=True)
-    labels = [{"label": label, "description": label} for label in LABELS]
-    (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    with (root / "test.jsonl").open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return root
+        if stack is not None:
+            print(stack.log_tail())

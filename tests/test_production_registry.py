@@ -244,6 +244,36 @@ def test_promoting_the_shadow_stops_it(registry: Registry, tmp_path: Path) -> No
     assert (stop.action, stop.candidate, stop.reason) == ("stop", "b", "promoted to champion")
 
 
+def test_a_fitted_baseline_shadows_like_a_champion(registry: Registry, tmp_path: Path) -> None:
+    """A fitted tfidf-lr is served as a champion (its artifact is its base model), so it can
+    shadow one too, placed by sha256 on the Python runtime; a model-free baseline cannot."""
+    import functools
+
+    from evals.suites import declare
+    from serving.publisher import shadow_placement
+    from taskfleet.baseline_builder import fit_baseline
+    from tests.kinds_fixture import build_classification
+
+    folder = build_classification(tmp_path / "area")
+    registry.add_suite(declare("area-suite", "classification", folder)[0])
+    registry.add_task("area", suite="area-suite")
+    fit = functools.partial(fit_baseline, data_root=None)
+    registry.add_candidate("area", name="champion", kind="tfidf-lr", fit_baseline=fit)
+    fitted = registry.add_candidate("area", kind="tfidf-lr", fit_baseline=fit)
+    registry.add_candidate("area", name="majority", kind="majority")
+    record_run(registry, "area", "champion", 0.3)
+    registry.promote("area", "champion", reason="first")
+    with pytest.raises(InvalidInput, match="no model to place"):
+        registry.start_shadow("area", "majority", sample_rate=0.1)
+    with pytest.raises(InvalidInput, match="only the Python runtime"):
+        registry.start_shadow("area", "tfidf-lr", sample_rate=0.1, runtime="candle")
+    shadow = registry.start_shadow("area", "tfidf-lr", sample_rate=0.1)
+    assert (shadow.candidate, shadow.runtime) == ("tfidf-lr", "torch")
+    value, _ = shadow_placement(registry, shadow)
+    model = registry.get_model(str(fitted.base_model))
+    assert value.shadow and value.base.sha256 == model.sha256 and value.adapter is None
+
+
 def test_every_metric_the_alert_rules_name_is_served(registry: Registry, tmp_path: Path) -> None:
     """deploy/prometheus/alerts.yaml parses and names only figures /api/v1/metrics serves."""
     import re
