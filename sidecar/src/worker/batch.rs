@@ -121,6 +121,7 @@ impl TaskLoop {
                 self.workers.config.max_batch_tokens,
                 self.workers.config.max_batch_wait,
             );
+            let budget = shadow::batch_budget(budget, self.gate.is_some());
             self.fill(budget, wait, &stop).await;
             self.fence(serving.epoch);
             if !self.champion_idle().await {

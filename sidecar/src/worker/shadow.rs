@@ -15,6 +15,22 @@ use crate::{contract, nats};
 /// How often the champion's consumer is read while shadow copies wait.
 pub const POLL: Duration = Duration::from_millis(20);
 
+/// The most tokens of one shadow batch (a few sampled copies). The gate keeps a shadow batch
+/// from *starting* while the champion works, but a started one runs to its end: on shared
+/// cores a batch of 13 copies (~3,000 tokens, 1.2-2.3 s of MiniLM on 2 cores) held the CPU
+/// when the next champion request arrived (reports/production/production.md).
+pub const MAX_BATCH_TOKENS: usize = 512;
+
+/// A loop's batch budget: a shadow's is cut to [`MAX_BATCH_TOKENS`] (its first copy still
+/// runs whole, however long), a champion's is what its placement's limits say.
+pub fn batch_budget(budget: usize, shadow: bool) -> usize {
+    if shadow {
+        budget.min(MAX_BATCH_TOKENS)
+    } else {
+        budget
+    }
+}
+
 pub struct ChampionGate {
     js: jetstream::Context,
     consumer: String,
@@ -68,5 +84,17 @@ impl ChampionGate {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shadow_batch_is_small_and_a_champion_keeps_its_budget() {
+        assert_eq!(batch_budget(32_768, true), MAX_BATCH_TOKENS);
+        assert_eq!(batch_budget(256, true), 256);
+        assert_eq!(batch_budget(32_768, false), 32_768);
     }
 }
