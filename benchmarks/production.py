@@ -100,7 +100,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "shadow scores ~32 passages per query; faster replays shed more of its copies)",
     )  # fmt: skip
     parser.add_argument("--row-seconds", type=float, default=30.0, help="per measured row")
-    parser.add_argument("--repeats", type=int, default=2, help="rows per shadow setting")
+    parser.add_argument("--repeats", type=int, default=3, help="rows per shadow setting")
     parser.add_argument("--step-seconds", type=float, default=8.0, help="per ramp step")
     parser.add_argument("--skip-load", action="store_true", help="replays only")
     parser.add_argument("--skip-replay", action="store_true", help="shadow cost only")
@@ -191,15 +191,25 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def shed_counts(stack: UpStack, task: str) -> dict[str, float]:
-    """Shadow copies of ``task`` the sidecars shed, by reason, summed over the workers."""
+    """Shadow copies of ``task`` the sidecars shed, per worker and reason (``"URL REASON"``:
+    a restarted sidecar's counters start again at 0, so they are differenced per worker)."""
     out: dict[str, float] = {}
     for url in stack.info()["metrics"][1:]:
         with contextlib.suppress(httpx.HTTPError):
             text = httpx.get(url, timeout=5).text
             for labels, value in samples(text, "taskfleet_sidecar_shadow_shed"):
                 if labels.get("task", "").split(".")[0] == task:
-                    reason = labels.get("reason", "?")
-                    out[reason] = out.get(reason, 0.0) + value
+                    key = f"{url} {labels.get('reason', '?')}"
+                    out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def by_reason(per_worker: dict[str, int]) -> dict[str, int]:
+    """``shed_counts`` differences summed over the workers, by reason."""
+    out: dict[str, int] = {}
+    for key, value in per_worker.items():
+        reason = key.rsplit(" ", 1)[-1]
+        out[reason] = out.get(reason, 0) + value
     return out
 
 
@@ -218,13 +228,19 @@ def gateway_counter(stack: UpStack, name: str, task: str) -> dict[str, float]:
     return out
 
 
-def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
-    keys = set(after) | set(before)
-    return {
-        k: int(after.get(k, 0) - before.get(k, 0))
-        for k in sorted(keys)
-        if after.get(k, 0) != before.get(k, 0)
-    }
+def delta(
+    after: dict[str, float], before: dict[str, float], *, counters: bool = True
+) -> dict[str, int]:
+    """Changes between two readings. Of ``counters``, a value lower than before was reset (its
+    process restarted), so all of it is the increase, as Prometheus' ``increase()`` takes it;
+    other readings (the registry's outcome counts: pending ones resolve) may go down."""
+    out = {}
+    for k in sorted(set(after) | set(before)):
+        now, then = after.get(k, 0), before.get(k, 0)
+        grew = now if counters and now < then else now - then
+        if grew:
+            out[k] = int(grew)
+    return out
 
 
 # ---- open-loop load --------------------------------------------------------------------------
@@ -476,11 +492,12 @@ def measured(stack: UpStack, reg: Any, keys: Keys, texts: list[str], champion: t
     outcomes = dict(reg.agreement_summary(AREA, shadow=LOAD_SHADOW).outcomes)
     run_row(stack, keys.caller, texts, champion, row, seed, during)
     time.sleep(3)  # the last copies' deadlines (2 s) pass; the control plane judges them
-    row.shed = delta(shed_counts(stack, AREA), shed)
+    row.shed = by_reason(delta(shed_counts(stack, AREA), shed))
     row.copies = delta(gateway_counter(stack, "taskfleet_gateway_shadow_copies", AREA), copies)
     row.outcomes = delta(
         {k: float(v) for k, v in reg.agreement_summary(AREA, shadow=LOAD_SHADOW).outcomes.items()},
         {k: float(v) for k, v in outcomes.items()},
+        counters=False,
     )
     log(f"{row.setting} at {row.rate}/s: p50 {row.p(50):.0f} ms p99 {row.p(99):.0f} ms, "
         f"{row.answered}/{row.sent} answered, {row.foreign} foreign, sampled {row.sampled}, "
