@@ -45,6 +45,8 @@ from registry.errors import InvalidInput, NotFound
 
 #: Concurrency levels of a configuration's closed loops (requests in flight, 1 text each).
 DEFAULT_LEVELS = (1, 8, 32)
+#: Seconds of closed-loop load at the highest level before each configuration is measured.
+WARM_S = 4.0
 #: The knobs the sweep tries, each alone from the defaults (values other than the defaults).
 DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "max_batch_tokens": (4096,),
@@ -411,10 +413,11 @@ class PrivateStack:
 
         client = AsyncClient(self.gateway, timeout_s=120)
         try:
-            # Warm: the first passes of a newly loaded engine pay for allocation.
-            await asyncio.gather(
-                *(client.embed(self.TASK, t, kind="passage") for t in texts[: max(levels)])
-            )
+            # Warm, unmeasured: a newly loaded engine pays for allocation during its first
+            # passes, and ONNX Runtime's arena grows with each new batch shape. One pass of
+            # max(levels) texts was not enough: the engine chosen from a sweep measured 1.08x
+            # its own sweep figure when applied again (reports/serving/tune.md).
+            await self._level(client, texts, max(levels), WARM_S)
             return [await self._level(client, texts, c, seconds) for c in levels]
         finally:
             await client.aclose()
