@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -589,3 +590,75 @@ def test_memory_a_large_batch_used_goes_back_to_the_system(tmp_path: Path) -> No
     print(f"RSS before {before / mib:.0f} MiB, peak +{used / mib:.0f}, after +{kept / mib:.0f}")
     assert used > 40 * mib, "the batch took too little memory for the test to tell anything"
     assert kept < 0.25 * used, f"kept {kept / mib:.0f} of the {used / mib:.0f} MiB the batch used"
+
+
+def _thread_nices(pid: int) -> dict[int, int]:
+    """Thread id -> nice value of every thread of ``pid`` (/proc/<pid>/task/<tid>/stat)."""
+    nices = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            nices[int(task.name)] = int(fields[16])  # field 19 of stat(5); fields[0] is 3
+    return nices
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_a_shadow_batch_runs_at_the_lowest_priority_and_answers_the_same(models: Models) -> None:
+    """A ``background`` batch (a shadow's) runs on a thread of nice 19 (the kernel gives the
+    cores to champions' batches first), beside the inference thread's batches of the same base,
+    and its vectors are the ones a normal batch gives; once an adapter joins the base, the
+    inference thread runs it (the pool's adapter state is not shared across threads)."""
+    proc, sock = start_server()
+    want = expected(models.base, TEXTS)
+    try:
+        assert 19 not in _thread_nices(proc.pid).values(), "no thread is lowered before a shadow"
+
+        def shadow(request_id: int, key: str) -> p.InferRequest:
+            item = p.InferItem(model_key=key, kind="passage", texts=TEXTS)
+            return p.InferRequest(
+                id=request_id, batch_id=f"s-{request_id}", items=[item], background=True
+            )
+
+        async def side_by_side(c: Conn) -> list[Any]:
+            await c.call(load("bg-plain", models.base))
+            requests = [shadow(400 + i, "bg-plain") for i in range(4)]
+            requests += [infer(410 + i, ("bg-plain", "passage", TEXTS)) for i in range(4)]
+            for request in requests:  # all in flight at once: both threads busy
+                await c.send(request)
+            replies = [await c.receive() for _ in requests]
+            return [p.decode_reply("infer", r) for r in replies]
+
+        replies = run(sock, side_by_side)
+        assert len(replies) == 8 and all(isinstance(r, p.InferReply) for r in replies), replies
+        for reply in replies:
+            np.testing.assert_allclose(reply.results[0].matrix(), want, atol=1e-5)
+        lowered = [tid for tid, nice in _thread_nices(proc.pid).items() if nice == 19]
+        assert lowered, "the shadow's batches ran on no thread of nice 19"
+        assert proc.pid not in lowered, "the process's main thread keeps its priority"
+
+        async def with_adapter(c: Conn) -> list[Any]:
+            await c.call(load("bg-lora", models.base, models.adapter_a))
+            return [await c.call(shadow(420, "bg-plain")), await c.call(shadow(421, "bg-lora"))]
+
+        plain, lora = run(sock, with_adapter)
+        np.testing.assert_allclose(plain.results[0].matrix(), want, atol=1e-5)
+        want_lora = expected(models.base, TEXTS, models.adapter_a)
+        np.testing.assert_allclose(lora.results[0].matrix(), want_lora, atol=1e-5)
+    finally:
+        stop_server(proc, sock)
+
+
+def test_the_pool_lets_alone_only_keys_whose_base_holds_no_adapter(models: Models) -> None:
+    from serving.runtime.model_folder import ModelSpec
+    from serving.runtime.pool import ModelPool
+
+    pool = ModelPool(device="cpu", max_batch_tokens=2048, max_batch_size=None)
+    pool.load("plain", ModelSpec(base_path=models.base))
+    assert pool.alone({"plain"}) and not pool.alone({"plain", "unknown"})
+    pool.load("short", ModelSpec(base_path=models.base, max_seq_length=16))
+    assert not pool.alone({"plain"}), "two lengths on one base: _activated sets it per call"
+    pool.unload("short")
+    pool.load("lora", ModelSpec(base_path=models.base, adapter_path=models.adapter_a))
+    assert not pool.alone({"plain"}) and not pool.alone({"lora"})
+    pool.unload("lora")
+    assert pool.alone({"plain"})

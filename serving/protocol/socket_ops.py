@@ -87,6 +87,9 @@ class InferRequest:
     # Unix epoch ms after which nobody waits for the batch: a runtime that has not started it
     # by then drops it with DEADLINE_EXCEEDED. None: no deadline.
     deadline_ms: int | None = None
+    # A shadow's batch (answers that reach no caller): run on the runtime's background thread
+    # at the lowest CPU priority, so a champion's batch that arrives meanwhile gets the cores.
+    background: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +108,7 @@ class ScoreRequest:
     batch_id: str
     items: list[ScoreItem]
     deadline_ms: int | None = None  # as InferRequest's
+    background: bool = False  # as InferRequest's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +124,7 @@ class ClassifyRequest:
     batch_id: str
     items: list[ClassifyItem]
     deadline_ms: int | None = None  # as InferRequest's
+    background: bool = False  # as InferRequest's
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,8 +17,10 @@ no adapter; the ops it cannot do answer ``UnsupportedOpError``.
 Not thread-safe: the socket server confines every call except :meth:`ModelPool.snapshot` to
 its single inference thread, but for ``encode`` of one model key loaded with ``runtimes`` > 1
 (a model without adapter: no adapter state is touched), which runs on that many threads of its
-own, sharing the weights and taking turns at the tokenizer (``engines.share_tokenizer``).
-``snapshot`` reads an immutable tuple that is swapped atomically.
+own, sharing the weights and taking turns at the tokenizer (``engines.share_tokenizer``), and
+for a shadow's batch of keys :meth:`ModelPool.alone` allows, which runs on the background thread
+(never beside a load or unload). ``snapshot`` reads an immutable tuple that is swapped
+atomically.
 """
 
 from __future__ import annotations
@@ -211,11 +213,12 @@ class ModelPool:
         base = self._bases.get(base_key)
         if base is None:
             model = self._load_base(spec.base_path, how)
+            # Threads take turns at its tokenizer: a model's lanes (runtimes > 1) and the
+            # background thread's batches (``alone``) run beside the inference thread's.
+            engines.share_tokenizer(model)
             base = _Base(base_key, model, module_bytes(model), int(model.max_seq_length))
             self._bases[base_key] = base
             added += base.memory_bytes
-        if how.runtimes > 1:
-            engines.share_tokenizer(base.model)
         try:
             head = _load_head(spec.adapter_path)
             adapter_name, adapter_bytes = self._attach(base, spec.adapter_path)
@@ -271,6 +274,24 @@ class ModelPool:
             except Exception as exc:  # the export: torch.onnx's and onnxruntime's own types
                 raise ModelLoadError(f"cannot export {base_path} to ONNX: {exc}") from exc
         return load_sentence_transformer(ModelSpec(base_path=base_path), device=self.device)
+
+    def alone(self, model_keys: Iterable[str]) -> bool:
+        """Whether batches of these keys may run on another thread while the inference
+        thread runs its own (the runtime's background thread, ``serving/runtime/server.py``):
+        each is a fitted baseline (stateless), or a model whose base has no adapter among its
+        users, all of one sequence length, so no call touches state another reads (``_activated``
+        sets the base's length; adapters are switched or stacked on the base). Unknown keys
+        are not: the inference thread answers them."""
+        for key in model_keys:
+            if key in self._baselines:
+                continue
+            loaded = self._models.get(key)
+            if loaded is None or self._has_adapters(loaded.base):
+                return False
+            lengths = {self._seq_length(self._models[user]) for user in loaded.base.users}
+            if len(lengths) > 1:
+                return False
+        return True
 
     def runtimes(self, model_key: str) -> int:
         """How many batches of the model may run at once (1 unless its profile says more)."""

@@ -6,7 +6,12 @@ Loads, unloads and inference run one at a time in a single worker thread (they a
 shared base models), so the event loop keeps answering `hello` and `stats` while a batch runs;
 the one exception is an embed batch of a model loaded with ``runtimes`` N > 1 (a runtime
 profile's knob, ``serving/runtime/engines.py``), which runs on that model's own N threads, so
-N of its batches run at once. Replies go out in completion order, each carrying its request's
+N of its batches run at once. A shadow's batch (``background``) runs on the background thread,
+whose nice value is the lowest priority (19): the kernel gives a champion's batch the cores
+first, on this runtime or any other process of the machine, while the shadow still uses what is
+idle. It runs beside the inference thread's batches only when they share no mutable state
+(``ModelPool.alone``) and never beside a load or unload; otherwise the inference thread runs it,
+at normal priority, as any batch. Replies go out in completion order, each carrying its request's
 id. When a batch op ends with no other one waiting, what it freed goes back to the system
 (``memory.trim``).
 """
@@ -62,6 +67,12 @@ class RuntimeServer:
         self.socket_path = socket_path
         self.max_frame_bytes = max_frame_bytes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+        # Shadows' batches, at the lowest CPU priority (`_lowest_priority`); `_loading` keeps
+        # them apart from loads and unloads (the pool's state they read).
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="background", initializer=_lowest_priority
+        )
+        self._loading = _Exclusion()
         # Model key -> its own threads, for a model loaded with runtimes > 1.
         self._lanes: dict[str, ThreadPoolExecutor] = {}
         # Infer batches submitted to the worker thread but not started; the thread decrements.
@@ -87,6 +98,7 @@ class RuntimeServer:
             for task in list(self._tasks):
                 task.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._background.shutdown(wait=False, cancel_futures=True)
             for lane in self._lanes.values():
                 lane.shutdown(wait=False, cancel_futures=True)
             log.info("stopped")
@@ -162,7 +174,7 @@ class RuntimeServer:
                     max_seq_length=request.max_seq_length,
                 )
                 added = await self._in_worker(
-                    self.pool.load, request.model_key, spec, request.settings
+                    self._loading.alone, self.pool.load, request.model_key, spec, request.settings
                 )
                 lanes = self.pool.runtimes(request.model_key)
                 if lanes > 1 and request.model_key not in self._lanes:
@@ -171,7 +183,9 @@ class RuntimeServer:
                     )
                 return p.LoadReply(id=request.id, model_key=request.model_key, memory_bytes=added)
             case p.UnloadRequest():
-                freed = await self._in_worker(self.pool.unload, request.model_key)
+                freed = await self._in_worker(
+                    self._loading.alone, self.pool.unload, request.model_key
+                )
                 lane = self._lanes.pop(request.model_key, None)
                 if lane is not None:
                     lane.shutdown(wait=False)
@@ -215,7 +229,7 @@ class RuntimeServer:
         items = [EncodeItem(i.model_key, i.kind, i.texts) for i in request.items]
         keys = {i.model_key for i in items}
         lane = self._lanes.get(next(iter(keys))) if len(keys) == 1 else None
-        matrices = await self._queued(self.pool.encode, items, request, lane)
+        matrices = await self._queued(self.pool.encode, items, request, lane, keys)
         return p.InferReply(
             id=request.id,
             batch_id=request.batch_id,
@@ -224,7 +238,9 @@ class RuntimeServer:
 
     async def _score(self, request: p.ScoreRequest) -> p.ScoreReply:
         items = [ScoreWork(i.model_key, i.query, i.passages) for i in request.items]
-        scores = await self._queued(self.pool.score, items, request)
+        scores = await self._queued(
+            self.pool.score, items, request, keys={i.model_key for i in items}
+        )
         return p.ScoreReply(
             id=request.id,
             batch_id=request.batch_id,
@@ -233,7 +249,9 @@ class RuntimeServer:
 
     async def _classify(self, request: p.ClassifyRequest) -> p.ClassifyReply:
         items = [ClassifyWork(i.model_key, i.texts) for i in request.items]
-        results = await self._queued(self.pool.classify, items, request)
+        results = await self._queued(
+            self.pool.classify, items, request, keys={i.model_key for i in items}
+        )
         return p.ClassifyReply(
             id=request.id,
             batch_id=request.batch_id,
@@ -246,9 +264,11 @@ class RuntimeServer:
         items: Any,
         request: p.InferRequest | p.ScoreRequest | p.ClassifyRequest,
         lane: ThreadPoolExecutor | None = None,
+        keys: set[str] | None = None,
     ) -> T:
-        """Run one batch op in the worker thread (or the model's own ``lane``), counted as
-        waiting until it starts."""
+        """Run one batch op in the worker thread (or the model's own ``lane``; a shadow's batch
+        of ``keys`` the pool lets run alone: the background thread), counted as waiting until
+        it starts."""
         started = threading.Event()
         with self._waiting_lock:
             self._waiting += 1
@@ -270,6 +290,12 @@ class RuntimeServer:
                     memory.trim()
 
         try:
+            if request.background and keys is not None and self.pool.alone(keys):
+                alone = keys
+                with contextlib.suppress(_NotAlone):  # a load came between: run it here
+                    return await asyncio.get_running_loop().run_in_executor(
+                        self._background, self._loading.beside, lambda: self.pool.alone(alone), run
+                    )
             if lane is not None:
                 return await asyncio.get_running_loop().run_in_executor(lane, run)
             return await self._in_worker(run)
@@ -285,6 +311,45 @@ class RuntimeServer:
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
+
+
+#: The background thread's nice value: the lowest CPU priority there is.
+BACKGROUND_NICE = 19
+
+
+def _lowest_priority() -> None:
+    """Lower the calling thread (and the threads it starts: torch's intra-op team for its
+    batches) to ``BACKGROUND_NICE``. On Linux a nice value is per thread; elsewhere it would be
+    the whole process's, so there the thread keeps its priority."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        except OSError as exc:  # a sandbox that forbids it: the batch still runs
+            log.warning("background thread keeps its priority: %s", exc)
+
+
+class _Exclusion:
+    """Loads and unloads (``alone``) never run while a background batch (``beside``) does,
+    nor the other way round; batches of the inference thread need none of it (that thread
+    runs the loads itself)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def alone(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            return fn(*args)
+
+    def beside(self, allowed: Callable[[], bool], fn: Callable[[], T]) -> T:
+        """``fn()`` while no load runs, if ``allowed()`` still holds then (``_NotAlone``)."""
+        with self._lock:
+            if not allowed():
+                raise _NotAlone
+            return fn()
+
+
+class _NotAlone(Exception):
+    """A background batch whose keys a load made unsafe to run beside the inference thread."""
 
 
 def _error(request_id: int, code: p.SocketErrorCode, message: str) -> p.ErrorReply:

@@ -61,6 +61,19 @@ pub struct RuntimeStats {
     pub queue_depth: u32,
 }
 
+/// How a batch is to be run, beside what it holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Terms {
+    /// Unix epoch milliseconds after which nobody waits for the batch: a backend that has not
+    /// started it by then drops it unrun (`DEADLINE_EXCEEDED`). `None`: no deadline.
+    pub deadline_ms: Option<u64>,
+    /// A shadow's batch (sampled copies whose answers reach no caller): the torch runtime runs
+    /// it on its own thread at the lowest CPU priority, so on shared cores a champion's batch
+    /// that arrives while it runs gets the CPU. The http and Candle runtimes run it as any
+    /// other (an external engine has no such knob; Candle's blocking threads are shared).
+    pub background: bool,
+}
+
 #[async_trait]
 pub trait Backend: Send + Sync {
     fn info(&self) -> RuntimeInfo;
@@ -76,12 +89,12 @@ pub trait Backend: Send + Sync {
     async fn unload(&self, model_key: &str) -> Result<u64>;
 
     /// Embeddings per item, in item order (one result per item). A batch that has not started
-    /// by `deadline_ms` (Unix milliseconds) is dropped unrun with `DEADLINE_EXCEEDED`.
+    /// by `terms.deadline_ms` (Unix milliseconds) is dropped unrun with `DEADLINE_EXCEEDED`.
     async fn infer(
         &self,
         batch_id: String,
         items: Vec<InferItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Embeddings>>;
 
     /// Scores per item (one per passage, in passage order), in item order. Only backends
@@ -91,9 +104,9 @@ pub trait Backend: Send + Sync {
         &self,
         batch_id: String,
         items: Vec<ScoreItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Scores>> {
-        let _ = (batch_id, items, deadline_ms);
+        let _ = (batch_id, items, terms);
         Err(unsupported(&self.info(), CAP_SCORE))
     }
 
@@ -103,9 +116,9 @@ pub trait Backend: Send + Sync {
         &self,
         batch_id: String,
         items: Vec<ClassifyItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Probabilities>> {
-        let _ = (batch_id, items, deadline_ms);
+        let _ = (batch_id, items, terms);
         Err(unsupported(&self.info(), CAP_CLASSIFY))
     }
 

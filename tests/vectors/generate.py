@@ -119,6 +119,7 @@ def messages() -> dict[str, Any]:
                 )
             ],
             deadline_ms=1_735_689_632_000,
+            background=True,  # a shadow's batch
         ),
         "socket_classify_reply": p.ClassifyReply(
             id=302,

@@ -112,6 +112,10 @@ pub struct InferRequest {
     /// that has not started it by then drops it (`DEADLINE_EXCEEDED`). `None`: no deadline.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// A shadow's batch: the runtime runs it at its lowest CPU priority (`runtime::Terms`).
+    /// Requests written before shadows yielded lack it and mean `false`.
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// Passages to score against one query with one model (one rerank request).
@@ -130,6 +134,9 @@ pub struct ScoreRequest {
     /// As `InferRequest`'s: past it the runtime drops the batch unrun.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// As `InferRequest`'s.
+    #[serde(default)]
+    pub background: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,6 +153,9 @@ pub struct ClassifyRequest {
     /// As `InferRequest`'s: past it the runtime drops the batch unrun.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// As `InferRequest`'s.
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// `stats` and `shutdown` carry nothing but their id.

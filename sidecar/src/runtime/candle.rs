@@ -26,7 +26,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 use self::folder::{Pooling, SentenceFolder};
 use super::{
     check_deadline, embeddings, failure, not_loaded, prefix, reload, Backend, RuntimeInfo,
-    RuntimeStats, CAP_EMBED, CAP_LORA, CAP_MIXED_ADAPTERS,
+    RuntimeStats, Terms, CAP_EMBED, CAP_LORA, CAP_MIXED_ADAPTERS,
 };
 use crate::error::{Error, Result};
 use crate::protocol::{Code, Embeddings, InferItem, LoadRequest, ModelStats};
@@ -360,8 +360,9 @@ impl Backend for CandleRuntime {
         &self,
         batch_id: String,
         items: Vec<InferItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Embeddings>> {
+        let deadline_ms = terms.deadline_ms;
         let mut work = Vec::with_capacity(items.len());
         {
             let models = self.models.lock().expect("models lock");

@@ -30,7 +30,7 @@ use tokio::sync::Semaphore;
 use super::endpoint::{EndpointKind, EndpointRecord};
 use super::{
     check_deadline, embeddings, failure, not_loaded, prefix, reload, Backend, RuntimeInfo,
-    RuntimeStats, CAP_EMBED, CAP_SCORE,
+    RuntimeStats, Terms, CAP_EMBED, CAP_SCORE,
 };
 use crate::error::{Error, Result};
 use crate::protocol::{
@@ -564,9 +564,9 @@ impl Backend for HttpRuntime {
         &self,
         batch_id: String,
         items: Vec<InferItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Embeddings>> {
-        check_deadline(&batch_id, deadline_ms)?;
+        check_deadline(&batch_id, terms.deadline_ms)?;
         let mut plans = Vec::with_capacity(items.len());
         for item in &items {
             let (request, target) = self.loaded(&item.model_key)?;
@@ -611,9 +611,9 @@ impl Backend for HttpRuntime {
         &self,
         batch_id: String,
         items: Vec<ScoreItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Scores>> {
-        check_deadline(&batch_id, deadline_ms)?;
+        check_deadline(&batch_id, terms.deadline_ms)?;
         let scored =
             futures::future::try_join_all(items.iter().map(|i| self.score_item(i))).await?;
         Ok(scored
@@ -728,7 +728,7 @@ mod tests {
                     model_key: "m".into(),
                     texts: vec!["t".into()],
                 }],
-                None,
+                Terms::default(),
             )
             .await;
         match classify {
@@ -750,7 +750,7 @@ mod tests {
                     query: "q".into(),
                     passages: vec!["p".into()],
                 }],
-                None,
+                Terms::default(),
             )
             .await;
         match score {

@@ -13,7 +13,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::Backend;
+use super::{Backend, Terms};
 use crate::error::{Error, Result};
 use crate::protocol::{
     self, frame, read_frame, ClassifyReply, Code, ErrorBody, ErrorReply, HelloReply, InferReply,
@@ -165,7 +165,14 @@ async fn handle(backend: &dyn Backend, request: Request) -> Result<Result<Vec<u8
         }
         Request::Infer(infer) => {
             let results = backend
-                .infer(infer.batch_id.clone(), infer.items, infer.deadline_ms)
+                .infer(
+                    infer.batch_id.clone(),
+                    infer.items,
+                    Terms {
+                        deadline_ms: infer.deadline_ms,
+                        background: infer.background,
+                    },
+                )
                 .await?;
             protocol::encode(&InferReply {
                 id: infer.id,
@@ -176,7 +183,14 @@ async fn handle(backend: &dyn Backend, request: Request) -> Result<Result<Vec<u8
         }
         Request::Score(score) => {
             let results = backend
-                .score(score.batch_id.clone(), score.items, score.deadline_ms)
+                .score(
+                    score.batch_id.clone(),
+                    score.items,
+                    Terms {
+                        deadline_ms: score.deadline_ms,
+                        background: score.background,
+                    },
+                )
                 .await?;
             protocol::encode(&ScoreReply {
                 id: score.id,
@@ -190,7 +204,10 @@ async fn handle(backend: &dyn Backend, request: Request) -> Result<Result<Vec<u8
                 .classify(
                     classify.batch_id.clone(),
                     classify.items,
-                    classify.deadline_ms,
+                    Terms {
+                        deadline_ms: classify.deadline_ms,
+                        background: classify.background,
+                    },
                 )
                 .await?;
             protocol::encode(&ClassifyReply {

@@ -16,7 +16,7 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{unsupported, Backend, RuntimeInfo, RuntimeStats, CAP_CLASSIFY, CAP_SCORE};
+use super::{unsupported, Backend, RuntimeInfo, RuntimeStats, Terms, CAP_CLASSIFY, CAP_SCORE};
 use crate::error::{Error, Result};
 use crate::protocol::{
     self, frame, read_frame, BareRequest, ClassifyItem, ClassifyReply, ClassifyRequest, Embeddings,
@@ -127,12 +127,12 @@ impl RuntimeClient {
             .await
     }
 
-    /// Runs a batch; a runtime that has not started it by `deadline_ms` drops it unrun.
+    /// Runs a batch; a runtime that has not started it by `terms.deadline_ms` drops it unrun.
     pub async fn infer(
         &self,
         batch_id: String,
         items: Vec<InferItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<InferReply> {
         let count = items.len();
         let id = self.next_id();
@@ -141,7 +141,8 @@ impl RuntimeClient {
                 id,
                 batch_id,
                 items,
-                deadline_ms,
+                deadline_ms: terms.deadline_ms,
+                background: terms.background,
             }))
             .await?;
         if reply.results.len() != count {
@@ -158,7 +159,7 @@ impl RuntimeClient {
         &self,
         batch_id: String,
         items: Vec<ScoreItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<ScoreReply> {
         let expected: Vec<usize> = items.iter().map(|i| i.passages.len()).collect();
         let id = self.next_id();
@@ -167,7 +168,8 @@ impl RuntimeClient {
                 id,
                 batch_id,
                 items,
-                deadline_ms,
+                deadline_ms: terms.deadline_ms,
+                background: terms.background,
             }))
             .await?;
         let got: Vec<usize> = reply.results.iter().map(|r| r.count as usize).collect();
@@ -189,7 +191,7 @@ impl RuntimeClient {
         &self,
         batch_id: String,
         items: Vec<ClassifyItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<ClassifyReply> {
         let expected: Vec<usize> = items.iter().map(|i| i.texts.len()).collect();
         let id = self.next_id();
@@ -198,7 +200,8 @@ impl RuntimeClient {
                 id,
                 batch_id,
                 items,
-                deadline_ms,
+                deadline_ms: terms.deadline_ms,
+                background: terms.background,
             }))
             .await?;
         let got: Vec<usize> = reply.results.iter().map(|r| r.count as usize).collect();
@@ -299,45 +302,33 @@ impl Backend for SocketRuntime {
         &self,
         batch_id: String,
         items: Vec<InferItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Embeddings>> {
-        Ok(self
-            .client
-            .infer(batch_id, items, deadline_ms)
-            .await?
-            .results)
+        Ok(self.client.infer(batch_id, items, terms).await?.results)
     }
 
     async fn score(
         &self,
         batch_id: String,
         items: Vec<ScoreItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Scores>> {
         if !self.info.can(CAP_SCORE) {
             return Err(unsupported(&self.info, CAP_SCORE));
         }
-        Ok(self
-            .client
-            .score(batch_id, items, deadline_ms)
-            .await?
-            .results)
+        Ok(self.client.score(batch_id, items, terms).await?.results)
     }
 
     async fn classify(
         &self,
         batch_id: String,
         items: Vec<ClassifyItem>,
-        deadline_ms: Option<u64>,
+        terms: Terms,
     ) -> Result<Vec<Probabilities>> {
         if !self.info.can(CAP_CLASSIFY) {
             return Err(unsupported(&self.info, CAP_CLASSIFY));
         }
-        Ok(self
-            .client
-            .classify(batch_id, items, deadline_ms)
-            .await?
-            .results)
+        Ok(self.client.classify(batch_id, items, terms).await?.results)
     }
 
     async fn stats(&self) -> Result<RuntimeStats> {

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::protocol::{ClassifyItem, Code, ErrorBody, InferItem, Placement, ScoreItem};
 use crate::residency::Readiness;
-use crate::runtime::Backend;
+use crate::runtime::{Backend, Terms};
 
 /// How long one idle pull waits for a first message before looking around again.
 const IDLE_POLL: Duration = Duration::from_secs(1);
@@ -719,6 +719,11 @@ impl BatchRun<'_> {
             .map(|p| p.held.deadline_ms)
             .collect::<Option<Vec<u64>>>()
             .and_then(|all| all.into_iter().max());
+        // A shadow's batch yields the CPU to champions' batches in the runtime (`Terms`).
+        let terms = Terms {
+            deadline_ms,
+            background: self.placement.shadow,
+        };
         let tokens: usize = batch.iter().map(|p| p.tokens).sum();
         metrics().batches.inc(&[task]);
         metrics()
@@ -733,7 +738,7 @@ impl BatchRun<'_> {
             batch_id.to_string(),
             &self.placement.model_key,
             works,
-            deadline_ms,
+            terms,
         );
         tokio::pin!(infer);
         let period = keep_alive_period(self.workers.config.ack_wait);
@@ -811,7 +816,7 @@ async fn call_runtime(
     batch_id: String,
     model_key: &str,
     works: Vec<Work>,
-    deadline_ms: Option<u64>,
+    terms: Terms,
 ) -> Result<Vec<Answer>> {
     let key = || model_key.to_string();
     match works.first() {
@@ -828,7 +833,7 @@ async fn call_runtime(
                     texts,
                 });
             }
-            let results = backend.infer(batch_id, items, deadline_ms).await?;
+            let results = backend.infer(batch_id, items, terms).await?;
             Ok(results.into_iter().map(Answer::Embeddings).collect())
         }
         Some(Work::Score { .. }) => {
@@ -843,7 +848,7 @@ async fn call_runtime(
                     passages: documents,
                 });
             }
-            let results = backend.score(batch_id, items, deadline_ms).await?;
+            let results = backend.score(batch_id, items, terms).await?;
             Ok(results.into_iter().map(Answer::Scores).collect())
         }
         Some(Work::Classify { .. }) => {
@@ -857,7 +862,7 @@ async fn call_runtime(
                     texts,
                 });
             }
-            let results = backend.classify(batch_id, items, deadline_ms).await?;
+            let results = backend.classify(batch_id, items, terms).await?;
             Ok(results.into_iter().map(Answer::Probabilities).collect())
         }
     }
