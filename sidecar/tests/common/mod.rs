@@ -40,8 +40,11 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("start nats-server");
+        // Ready once the server greets with its INFO line: a bare TCP connect also succeeds
+        // when the kernel connects the probe's ephemeral port to itself (the chosen port is an
+        // ephemeral one), and the first client then met a reset.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while !greets(port) {
             assert!(Instant::now() < deadline, "nats-server did not listen");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -51,6 +54,17 @@ impl NatsServer {
             _store: store,
         }
     }
+}
+
+/// Whether a NATS server on `port` answers a connection with its `INFO` line.
+fn greets(port: u16) -> bool {
+    use std::io::Read;
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).is_ok() && &head == b"INFO"
 }
 
 impl Drop for NatsServer {
