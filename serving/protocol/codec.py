@@ -64,9 +64,11 @@ def _from_map(cls: type[Any], obj: Any, where: str) -> Any:
     for name, tp in hints.items():
         if name in obj:
             values[name] = _check(obj[name], tp, f"{where}.{name}")
+        elif _has_default(cls, name):
+            pass  # a field added later (``background``): a sender that predates it means this
         elif not _allows_none(tp):
             raise ProtocolError(f"{where}: missing field {name!r}")
-        elif not _has_default(cls, name):
+        else:
             values[name] = None
     return cls(**values)
 
