@@ -163,7 +163,7 @@ def _export(base_path: Path, folder: Path) -> None:
 class LockedTokenizer:
     """A tokenizer that several batch threads of one model share: calls take turns (a fast
     tokenizer changes its truncation and padding state per call and refuses to be entered
-    twice), attribute reads pass through."""
+    twice), attribute reads and writes pass through."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._inner = tokenizer
@@ -178,6 +178,13 @@ class LockedTokenizer:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             return self._inner(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Writes reach the tokenizer (a key's max length is set on it before a pass).
+        if name in ("_inner", "_lock"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._inner, name, value)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._inner, name)
