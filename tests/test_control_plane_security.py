@@ -201,7 +201,8 @@ def test_task_scoped_keys_act_on_their_tasks_only(seeded: Registry) -> None:
     login(web, seeded.create_api_key("vic-other", roles=["viewer"], tasks=[OTHER])[1])
     assert web.get(f"/tasks/{TASK}").status_code == 403
     assert TASK not in re.findall(r'href="/tasks/([^"/]+)"', web.get("/tasks").text)
-    assert "w1" not in web.get("/fleet").text
+    # As a word: the page's random CSRF token may hold the letters "w1" (it once did).
+    assert not re.search(r"(?<![\w-])w1(?![\w-])", web.get("/fleet").text)
 
 
 def test_caller_keys_reach_only_the_gateway_and_paths_are_for_admins(seeded: Registry) -> None:
