@@ -563,10 +563,15 @@ def _memory(pid: int) -> tuple[int, int]:
 def test_memory_a_large_batch_used_goes_back_to_the_system(tmp_path: Path) -> None:
     """glibc kept what a large batch freed: on main the runtime stayed at 6.7 GB after one 30 MB
     text, and kept about half of what 256 long texts had taken. Once nothing waits, the
-    runtime gives it back (malloc_trim): its RSS returns near where it was before."""
+    runtime gives it back (malloc_trim): its RSS returns near where it was before.
+
+    512 texts, not 256: glibc keeps the top of each thread's arena up to its dynamic trim
+    threshold (serving/runtime/server.py, ``_trim_when_idle``), a residue bounded by the
+    largest block freed, not by the batch. Beside other tests 256 texts kept up to 33 of their
+    110 MiB that way (CI); 512 texts kept 6-18 of 145-165 MiB in 12 of 12 runs three at a time."""
     base = build_tiny_model(tmp_path / "wide", hidden=384, layers=1, heads=2, max_seq_length=256)
     texts = [
-        f"frage {i} " + "der vermieter kann das mietverhältnis kündigen " * 30 for i in range(256)
+        f"frage {i} " + "der vermieter kann das mietverhältnis kündigen " * 30 for i in range(512)
     ]
     proc, sock = start_server()
 
