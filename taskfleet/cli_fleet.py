@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from taskfleet.console import bold, console, line, styled
-from taskfleet.context import get_settings, open_registry
+from taskfleet.context import get_settings, open_listing, open_registry
 from taskfleet.server_options import (
     ALLOWED_HOSTS,
     FORWARDED_ALLOW_IPS,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from registry import Registry
+    from registry.listing import Listing
     from serving.connection import NatsOptions
     from serving.dlq import ReplayOutcome
 
@@ -187,7 +188,7 @@ def placement_ls(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Desired vs reported epoch per task, and what each worker holds (from the registry)."""
-    reg = open_registry()
+    reg = open_listing()
     if as_json:
         typer.echo(json.dumps(_fleet_json(reg), indent=2, default=str))
         return
@@ -218,7 +219,7 @@ def placement_ls(
     out.print(workers)
 
 
-def _fleet_json(reg: Registry) -> dict[str, Any]:
+def _fleet_json(reg: Registry | Listing) -> dict[str, Any]:
     return {
         "placements": [
             {**asdict(s), "converged": s.converged, "converged_workers": s.converged_workers}

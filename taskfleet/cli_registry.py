@@ -23,7 +23,7 @@ from registry.limits import (
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.baseline_builder import fit_baseline
 from taskfleet.console import bold, console, line
-from taskfleet.context import get_settings, open_registry
+from taskfleet.context import get_settings, open_listing, open_registry
 from taskfleet.variant_builder import build_variant
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def task_prefer(
 def task_ls() -> None:
     """List tasks."""
     table = Table("task", "kind", "suite", "owner", "margin", "prefer")
-    for t in open_registry().list_tasks():
+    for t in open_listing().list_tasks():
         table.add_row(t.name, t.kind, t.suite, t.owner, f"{t.margin:g}", t.prefer)
     out.print(table)
 
@@ -585,7 +585,7 @@ def candidate_add(
 def candidate_ls(task: str = typer.Argument(..., help="Task name.")) -> None:
     """List a task's candidates."""
     table = Table("candidate", "kind", "base", "adapter")
-    for c in open_registry().list_candidates(task):
+    for c in open_listing().list_candidates(task):
         table.add_row(c.name, c.kind, c.base_model or "-", c.adapter or "-")
     out.print(table)
 

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from taskfleet.console import bold, console, line
-from taskfleet.context import get_settings, open_registry
+from taskfleet.context import get_settings, open_listing, open_registry
 from taskfleet.suite_registration import Registered, SuiteDeclaration, register_suite
 
 out = console()
@@ -111,7 +111,7 @@ def suite_add(
 def suite_ls() -> None:
     """List suites (their newest versions)."""
     table = Table("suite", "version", "kind", "test", "train", "main metric", "fingerprint")
-    for s in open_registry().list_suites():
+    for s in open_listing().list_suites():
         table.add_row(
             s.name,
             str(s.version),

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from registry import Registry
+    from registry.listing import Listing
     from taskfleet.settings import Settings
 
 
@@ -17,6 +18,7 @@ class CliState:
     overrides: dict[str, Any] = field(default_factory=dict)
     _settings: Settings | None = None
     _registry: Registry | None = None
+    _listing: Listing | None = None
 
     @property
     def settings(self) -> Settings:
@@ -38,12 +40,28 @@ class CliState:
             )
         return self._registry
 
+    def listing(self) -> Listing | Registry:
+        """What a listing command reads: a `Listing` of a current SQLite registry (no
+        SQLAlchemy: such a command answers as fast as `--help`), else the registry itself."""
+        if self._registry is not None:
+            return self._registry
+        if self._listing is None:
+            from registry.listing import Listing
+
+            self._listing = Listing.open(self.settings.resolved_database_url)
+        return self._listing if self._listing is not None else self.registry()
+
 
 state = CliState()
 
 
 def get_settings() -> Settings:
     return state.settings
+
+
+def open_listing() -> Listing | Registry:
+    """For commands that only list tasks, suites, candidates, placements or workers."""
+    return state.listing()
 
 
 def open_registry() -> Registry:

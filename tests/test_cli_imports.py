@@ -108,6 +108,41 @@ def test_a_registry_only_command_loads_no_heavy_library(
     assert not packages & HEAVY, sorted(packages & HEAVY)
 
 
+# Listing commands on a current SQLite registry read it with sqlite3 (registry/listing.py):
+# importing SQLAlchemy and the ORM took longer than the rest of such a command together.
+LISTING = [
+    ["task", "ls"],
+    ["candidate", "ls", "tickets"],
+    ["suite", "ls"],
+    ["placements"],
+    ["placement", "ls", "--json"],
+]
+
+
+@pytest.mark.parametrize("args", LISTING, ids=" ".join)
+def test_a_listing_command_reads_without_sqlalchemy(
+    home: Path, tmp_path: Path, args: list[str]
+) -> None:
+    done, packages = _loaded(home, args, tmp_path / "modules.json")
+    assert done.returncode == 0, done.stderr
+    assert "typer" in packages
+    assert "sqlalchemy" not in packages
+    if args[1:] == ["ls"]:
+        assert "tickets" in done.stdout, done.stdout  # it read the registry
+
+
+def test_a_listing_on_a_new_home_goes_through_the_registry(tmp_path: Path) -> None:
+    """Only the Registry creates or migrates a schema: on a home without a database the
+    listing command loads it, and leaves a current database behind."""
+    home = tmp_path / "new-home"
+    done, packages = _loaded(home, ["task", "ls"], tmp_path / "modules.json")
+    assert done.returncode == 0, done.stderr
+    assert "sqlalchemy" in packages
+    again, packages = _loaded(home, ["task", "ls"], tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr
+    assert "sqlalchemy" not in packages
+
+
 def test_the_probe_sees_a_heavy_import(home: Path, tmp_path: Path) -> None:
     """Not blind: a command that needs the eval harness is seen loading it."""
     done, packages = _loaded(home, ["eval", "leaderboard", "tickets"], tmp_path / "modules.json")
@@ -121,6 +156,7 @@ def test_an_error_loads_no_heavy_library(home: Path, tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == "error: unknown task 'nope'"
     assert not packages & HEAVY, sorted(packages & HEAVY)
+    assert "sqlalchemy" not in packages
 
 
 def test_every_command_is_registered_once() -> None:

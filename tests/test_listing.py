@@ -1,0 +1,114 @@
+"""`registry.listing` returns what the `Registry` returns, on one real SQLite database.
+
+The CLI's listing commands read through it to skip SQLAlchemy (tests/test_cli_imports.py); if
+it drifted from the ORM's mapping (a column renamed, a JSON or timestamp read differently) a
+user would see other data than the dashboard shows. It refuses what it cannot read as it is,
+so the `Registry` can create, migrate or explain.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from registry import NotFound, Registry
+from registry.entities import WorkerReport
+from registry.listing import Listing, sqlite_path
+from testbed.declared_tasks import add_task, declare_suite
+from tests.evalrun_fixture import record_run
+from tests.test_registry import make_adapter_dir, make_model_dir, training
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Two tasks, a suite with two versions, a model, an adapter, candidates of both, two
+    placements of one task (the newest counts), a reachable and a silent worker."""
+    root = tmp_path_factory.mktemp("listing")
+    url = f"sqlite:///{root / 'registry.db'}"
+    reg = Registry.open(url, artifact_dir=root / "artifacts")
+    try:
+        declare_suite(reg, "docs", description="first")
+        declare_suite(reg, "docs", description="second, with other data", fingerprint="f" * 64)
+        add_task(reg, "tickets", kind="classification", owner="ops", margin=0.02)
+        reg.add_task("search", suite="docs", description="find", prefer="cheapest")
+        reg.add_model("m", path=make_model_dir(root / "m"), query_prefix="q: ")
+        reg.register_adapter(
+            "a", base="m", source_dir=make_adapter_dir(root / "ad", b"a"), training=training()
+        )
+        reg.add_candidate("search", base="m")
+        reg.add_candidate("search", base="m", adapter="a")
+        reg.add_candidate("tickets", kind="majority")
+        record_run(reg, "search", "m", 0.4)
+        reg.promote("search", "m", reason="first")
+        reg.update_placement("search", replicas=2, pinned=True, reason="more")
+        now = datetime.now(UTC)
+        epoch = reg.current_placement("search")
+        assert epoch is not None
+        reg.record_worker_report(
+            WorkerReport(
+                "w1",
+                "h1",
+                now,
+                ["m"],
+                10,
+                20,
+                {"search": 3},
+                ["torch"],
+                {"search": epoch.epoch},
+                {"search": 1},
+            )
+        )
+        reg.record_worker_report(
+            WorkerReport("w0", "h0", now - timedelta(minutes=5), [], 0, 20, {}, ["http"], {}),
+            seen_at=now - timedelta(minutes=5),
+        )
+        reg.mark_workers_unreachable(worker_ids=["w0"])
+    finally:
+        reg.close()
+    return url
+
+
+def test_every_listing_equals_the_registrys(database: str, tmp_path: Path) -> None:
+    listing = Listing.open(database)
+    assert listing is not None
+    reg = Registry.open(database, artifact_dir=tmp_path / "artifacts")
+    try:
+        assert listing.list_tasks() == reg.list_tasks()
+        assert listing.list_suites() == reg.list_suites()
+        assert [s.description for s in listing.list_suites()] == ["second, with other data", ""]
+        for task in ("search", "tickets"):
+            assert listing.list_candidates(task) == reg.list_candidates(task)
+        assert len(listing.list_candidates("search")) == 2
+        assert listing.list_workers() == reg.list_workers()
+        assert listing.list_workers(reachable_only=True) == reg.list_workers(reachable_only=True)
+        assert listing.placement_status() == reg.placement_status()
+        (status,) = listing.placement_status()
+        assert (status.replicas, status.pinned, status.reported) == (2, True, {"w1": 2})
+        with pytest.raises(NotFound, match="unknown task 'nope'"):
+            listing.list_candidates("nope")
+    finally:
+        listing.close()
+        reg.close()
+
+
+def test_what_only_the_registry_can_open_is_left_to_it(database: str, tmp_path: Path) -> None:
+    assert sqlite_path("postgresql+psycopg://u@h/db") is None
+    assert sqlite_path("sqlite:///:memory:") is None
+    assert sqlite_path(f"{database}?timeout=5") is None
+    assert Listing.open(f"sqlite:///{tmp_path / 'absent.db'}") is None
+    assert not (tmp_path / "absent.db").exists(), "a listing never creates a database"
+
+    older = tmp_path / "older.db"
+    older.write_bytes(Path(database[len("sqlite:///") :]).read_bytes())
+    with sqlite3.connect(older) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0001'")
+    assert Listing.open(f"sqlite:///{older}") is None, (
+        "an older schema is the Registry's to migrate"
+    )
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database")
+    assert Listing.open(f"sqlite:///{garbage}") is None
