@@ -22,6 +22,12 @@ evaluated offline on its task's test split.
    macro-F1 / nDCG@10 is compared with an offline eval of that candidate on a folder holding
    exactly the replayed items, and the agreement the production page reports with the share
    computed from the replies seen (and the shadow's answers computed in-process).
+3. **Drift** on german-legal-area, windows of ``--drift-window`` sampled inputs: 20 windows of
+   other items of the suite's own test split (the false-alarm count; at most one allowed),
+   then ``--drift-shift-items`` items of the rarest label only (another distribution: every
+   window made of them should be flagged), then as many of the commonest label (the weakest
+   shift one label makes; reported). Windows are read from the registry as the control plane
+   records them; one holding inputs of two phases is reported apart.
 
 Writes reports/production/production.md and production.json with --report.
 
@@ -104,6 +110,17 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-seconds", type=float, default=8.0, help="per ramp step")
     parser.add_argument("--skip-load", action="store_true", help="replays only")
     parser.add_argument("--skip-replay", action="store_true", help="shadow cost only")
+    parser.add_argument("--skip-drift", action="store_true", help="no drift part")
+    parser.add_argument(
+        "--drift-window", type=int, default=50, help="sampled inputs per drift window"
+    )
+    parser.add_argument(
+        "--drift-windows", type=int, default=20, help="own-distribution windows to replay"
+    )
+    parser.add_argument(
+        "--drift-shift-items", type=int, default=250,
+        help="one label's items replayed (a window more than whole shifted windows need)",
+    )  # fmt: skip
     parser.add_argument("--seed-only", action="store_true", help="seed --home and stop")
     parser.add_argument(
         "--from-json", type=Path, default=None, help="rewrite the report from a production.json"
@@ -625,6 +642,105 @@ def replays(stack: UpStack, bench: Bench, keys: Keys, args: argparse.Namespace) 
     return out
 
 
+# ---- drift -----------------------------------------------------------------------------------
+def _classify_all(client: Any, texts: list[str]) -> list[str]:
+    """Each text as one live request; their request ids, in order."""
+    ids = []
+    for text in texts:
+        reply = client.classify(AREA, [text])
+        if not reply.sampled or reply.request_id is None:
+            raise AssertionError(f"a drift item was not sampled: {reply}")
+        ids.append(reply.request_id)
+    return ids
+
+
+def _sample_id(reg: Any, request_id: str) -> int:
+    """The id of the sample a request became, once the control plane has recorded it."""
+    sample = wait_for(lambda: reg.get_sample(request_id), timeout_s=60, every_s=0.5)
+    return int(sample.id)
+
+
+def _windows_until(reg: Any, last_sample_id: int, window: int) -> list[Any]:
+    """The task's drift windows once every whole window up to ``last_sample_id`` is recorded."""
+
+    def recorded() -> list[Any] | None:
+        windows = reg.drift_windows(AREA, limit=1000)
+        done = windows and windows[0].last_sample_id > last_sample_id - window
+        return windows if done else None
+
+    return list(wait_for(recorded, timeout_s=240, every_s=2.0))
+
+
+def drift_check(
+    stack: UpStack, bench: Bench, keys: Keys, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Replays the own test split in ``--drift-windows`` windows, then the items of one label
+    only: the rarest label with a window of items (a strong shift), then the commonest (the
+    weakest shift one label can make)."""
+    from serving.client import Client
+
+    reg, rng = bench.reg, random.Random(args.seed + 1)
+    window = args.drift_window
+    reg.set_production_settings(AREA, drift_window=window)
+    if reg.current_shadow(AREA) is None:  # every request sampled (the replays left 100%)
+        reg.start_shadow(AREA, "tfidf-lr", sample_rate=1.0, reason="drift windows")
+    time.sleep(5)  # the control plane's next pass reads the new window size
+    items = labelled_texts((bench.data_root or SHARED_DATA) / "gerlayqa-area")
+    own_n = window * args.drift_windows
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.label] = counts.get(item.label, 0) + 1
+    rare = min((k for k in counts if counts[k] >= window), key=lambda k: counts[k])
+    common = max(counts, key=lambda k: counts[k])
+
+    def of_label(label: str) -> list[str]:
+        texts = [i.text for i in items if i.label == label]
+        return [texts[k % len(texts)] for k in range(args.drift_shift_items)]
+
+    phases = [
+        ("own", "other items of the test split", [
+            items[i].text for i in rng.sample(range(len(items)), min(own_n, len(items)))
+        ]),
+        ("rarest", f"items of label `{rare}` only", of_label(rare)),
+        ("commonest", f"items of label `{common}` only", of_label(common)),
+    ]  # fmt: skip
+    spans: list[tuple[int, int]] = []
+    with Client(stack.gateway, keys.caller, max_retries=30) as client:
+        for _name, what, texts in phases:
+            log(f"drift: {len(texts)} {what} (windows of {window})")
+            ids = _classify_all(client, texts)
+            spans.append((_sample_id(reg, ids[0]), _sample_id(reg, ids[-1])))
+            windows = _windows_until(reg, spans[-1][1], window)
+
+    def summary(ws: list[Any]) -> dict[str, Any]:
+        return {
+            "windows": len(ws),
+            "flagged": sum(w.drifted for w in ws),
+            "p_min": [round(w.p_min, 6) for w in reversed(ws)],
+        }
+
+    result: dict[str, Any] = {
+        "window": window,
+        "alpha": windows[0].alpha if windows else None,
+        "phases": {},
+    }
+    within: set[int] = set()
+    for (name, what, texts), (first, last) in zip(phases, spans, strict=True):
+        mine = [w for w in windows if first <= w.first_sample_id and w.last_sample_id <= last]
+        within.update(w.id for w in mine)
+        label = rare if name == "rarest" else common if name == "commonest" else None
+        result["phases"][name] = {
+            "what": what,
+            "items": len(texts),
+            "share": counts[label] / len(items) if label else 1.0,
+            **summary(mine),
+        }
+    result["mixed"] = summary([w for w in windows if w.id not in within and
+                               w.last_sample_id >= spans[0][0]])  # fmt: skip
+    log(f"drift: {json.dumps(result)}")
+    return result
+
+
 # ---- the report ------------------------------------------------------------------------------
 def _median(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.median([r[key] for r in rows])) if rows else float("nan")
@@ -833,9 +949,69 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
                 "cause from the second.",
                 "",
             ]
+    if "drift" in results:
+        lines += drift_section(results["drift"])
     path = out / "production.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def drift_section(d: dict[str, Any]) -> list[str]:
+    ph = d["phases"]
+    targets = {
+        "own": ("at most 1 flagged", ph["own"]["flagged"] <= 1),
+        "rarest": ("every window flagged", _all_flagged(ph["rarest"])),
+        "commonest": ("-", None),
+    }
+    lines = [
+        "## 3. Drift on german-legal-area",
+        "",
+        f"The control plane compares each window of {d['window']} sampled inputs the champion "
+        "answered with the suite's test inputs (evals/drift.py: input lengths and the "
+        f"champion's predicted labels, alpha {d['alpha']} per window, Bonferroni over the two) "
+        "and records the verdict; the run reads the windows from the registry. Replayed in "
+        "this order, each phase's windows counted when all their inputs are of that phase:",
+        "",
+        "| replayed | share of the test split | windows | flagged | smallest p per window | "
+        "target | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in ph.items():
+        target, ok = targets[name]
+        lines.append(
+            f"| {r['items']} {r['what']} | {'-' if name == 'own' else format(r['share'], '.0%')} "
+            f"| {r['windows']} | {r['flagged']} "
+            f"| {_ps(r['p_min'])} | {target} | {'' if ok is None else _yes(ok)} |"
+        )
+    mixed = d["mixed"]
+    lines += [
+        f"| (windows across a switch, or with earlier traffic's inputs) | - | "
+        f"{mixed['windows']} | {mixed['flagged']} | "
+        f"{_ps(mixed['p_min'])} | - | |",
+        "",
+        f"False alarms on the suite's own distribution: **{ph['own']['flagged']} of "
+        f"{ph['own']['windows']}** windows. One label's items are a shift of the predicted "
+        "labels only (their lengths are the test split's); the commonest label's items move "
+        f"its share from {ph['commonest']['share']:.0%} to 100%, the weakest shift one label "
+        "can make, and "
+        + (
+            "the detector did not see it in windows of this size."
+            if ph["commonest"]["flagged"] == 0
+            else f"{ph['commonest']['flagged']} of {ph['commonest']['windows']} windows were "
+            "flagged."
+        )
+        + (f" Measured in its own run on the same home: {d['from']}." if "from" in d else ""),
+        "",
+    ]
+    return lines
+
+
+def _all_flagged(r: dict[str, Any]) -> bool:
+    return bool(r["windows"]) and r["flagged"] == r["windows"]
+
+
+def _ps(values: list[float]) -> str:
+    return ", ".join(f"{v:.2g}" for v in values) or "-"
 
 
 # ---- main ------------------------------------------------------------------------------------
@@ -889,6 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"wrote part 2 to {write_report(results, args.out)}")
                 if not args.skip_replay:
                     results["replays"] = replays(stack, bench, keys, args)
+                if not args.skip_drift:
+                    results["drift"] = drift_check(stack, bench, keys, args)
             except BaseException:
                 print(stack.log_tail(), flush=True)
                 raise
@@ -906,6 +1084,12 @@ def main(argv: list[str] | None = None) -> int:
         missed += [f"{task} {n}" for n, c in r["candidates"].items() if c["difference"] > 1e-9]
         if r["agreement"]["difference"] is None or r["agreement"]["difference"] > 1e-9:
             missed.append(f"{task} agreement")
+    if "drift" in results:
+        d = results["drift"]["phases"]
+        if d["own"]["flagged"] > 1:
+            missed.append("drift false alarms")
+        if not _all_flagged(d["rarest"]):
+            missed.append("drift on the rarest label's items")
     if missed:
         log(f"targets missed: {', '.join(missed)}")
     return 1 if missed else 0
