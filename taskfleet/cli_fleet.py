@@ -5,7 +5,6 @@ Wired in taskfleet/cli.py as ``placement``, ``dlq`` and ``up``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -95,6 +94,8 @@ def nats_call(url: NatsOptions, action: Callable[[NATS], Awaitable[T]]) -> T:
             return await action(nc)
         finally:
             await nc.close()
+
+    import asyncio  # not at module level: `--help` and the listings never run a loop
 
     return asyncio.run(run())
 
@@ -475,6 +476,8 @@ def up(
         out.print("Ctrl-C stops everything.")
 
     try:
+        import asyncio
+
         asyncio.run(run_stack(config, open_registry(), ready))
     except StackError as exc:
         raise fail(str(exc)) from None

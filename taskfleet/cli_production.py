@@ -11,13 +11,16 @@ lets them act as admin (promoter rights suffice for shadows).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from registry import entities as e
 from taskfleet.console import bold, console, line
 from taskfleet.context import open_registry
+
+if TYPE_CHECKING:
+    from registry import entities as e
 
 out = console()
 shadow_app = typer.Typer(help="A challenger beside the champion, on a sampled copy of traffic.")

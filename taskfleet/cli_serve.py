@@ -6,7 +6,6 @@ fleet watcher and directory publisher, on the one control plane that leads when 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -126,6 +125,8 @@ def serve(
             "not publishing (--no-publish): promotions reach the fleet through another "
             "control plane"
         )
+
+    import asyncio  # not at module level: `--help` and the listings never run a loop
 
     async def main() -> None:
         # One handler for both parts: the server stops, then the loops (which hand the lead on).
