@@ -327,6 +327,23 @@ class PlacementStatus:
     published_at: datetime | None
     reported: dict[str, int]  # worker id -> epoch it serves the task with
 
+    @classmethod
+    def of(cls, placement: Placement, reachable: list[Worker]) -> PlacementStatus:
+        """A task's newest placement against what the reachable workers report for it."""
+        return cls(
+            task=placement.task,
+            candidate=placement.candidate,
+            desired_epoch=placement.epoch,
+            pinned=placement.pinned,
+            replicas=placement.replicas,
+            published_at=placement.published_at,
+            reported={
+                w.worker_id: w.epochs[placement.task]
+                for w in reachable
+                if placement.task in w.epochs
+            },
+        )
+
     @property
     def converged_workers(self) -> list[str]:
         return sorted(w for w, epoch in self.reported.items() if epoch >= self.desired_epoch)

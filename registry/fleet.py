@@ -103,18 +103,7 @@ class FleetRepository:
     def placement_status(self) -> list[e.PlacementStatus]:
         """Per placed task: the desired epoch and the epoch each reachable worker reports."""
         workers = self.list_workers(reachable_only=True)
-        return [
-            e.PlacementStatus(
-                task=p.task,
-                candidate=p.candidate,
-                desired_epoch=p.epoch,
-                pinned=p.pinned,
-                replicas=p.replicas,
-                published_at=p.published_at,
-                reported={w.worker_id: w.epochs[p.task] for w in workers if p.task in w.epochs},
-            )
-            for p in self.placements.list_placements()
-        ]
+        return [e.PlacementStatus.of(p, workers) for p in self.placements.list_placements()]
 
 
 def worker_entity(r: WorkerRow) -> e.Worker:

@@ -179,27 +179,30 @@ class Listing:
             for r in self._rows(f"SELECT * FROM workers{where} ORDER BY worker_id")
         ]
 
-    def placement_status(self) -> list[e.PlacementStatus]:
-        """Per placed task: the desired epoch and the epoch each reachable worker reports."""
-        workers = self.list_workers(reachable_only=True)
+    def list_placements(self) -> list[e.Placement]:
+        """The newest placement of every task that has one."""
         rows = self._rows(
-            "SELECT t.name AS task, c.name AS candidate, p.epoch, p.pinned, p.replicas, "
-            "p.published_at FROM placements p JOIN (SELECT task_id, MAX(epoch) AS epoch FROM "
-            "placements GROUP BY task_id) newest ON p.task_id = newest.task_id AND p.epoch = "
-            "newest.epoch JOIN tasks t ON t.id = p.task_id JOIN candidates c ON c.id = "
-            "p.candidate_id ORDER BY t.name"
+            "SELECT p.*, t.name AS task, c.name AS candidate FROM placements p JOIN (SELECT "
+            "task_id, MAX(epoch) AS epoch FROM placements GROUP BY task_id) newest ON "
+            "p.task_id = newest.task_id AND p.epoch = newest.epoch JOIN tasks t ON t.id = "
+            "p.task_id JOIN candidates c ON c.id = p.candidate_id ORDER BY t.name"
         )
         return [
-            e.PlacementStatus(
-                task=r["task"],
-                candidate=r["candidate"],
-                desired_epoch=r["epoch"],
-                pinned=bool(r["pinned"]),
-                replicas=r["replicas"],
-                published_at=_when(r["published_at"]),
-                reported={
-                    w.worker_id: w.epochs[r["task"]] for w in workers if r["task"] in w.epochs
-                },
+            e.Placement(
+                r["id"],
+                r["task"],
+                r["candidate"],
+                r["epoch"],
+                bool(r["pinned"]),
+                r["replicas"],
+                _stamp(r["created_at"]),
+                _when(r["published_at"]),
+                r["runtime"],
             )
             for r in rows
         ]
+
+    def placement_status(self) -> list[e.PlacementStatus]:
+        """Per placed task: the desired epoch and the epoch each reachable worker reports."""
+        workers = self.list_workers(reachable_only=True)
+        return [e.PlacementStatus.of(p, workers) for p in self.list_placements()]

@@ -84,6 +84,7 @@ def test_every_listing_equals_the_registrys(database: str, tmp_path: Path) -> No
         assert len(listing.list_candidates("search")) == 2
         assert listing.list_workers() == reg.list_workers()
         assert listing.list_workers(reachable_only=True) == reg.list_workers(reachable_only=True)
+        assert listing.list_placements() == reg.list_placements()
         assert listing.placement_status() == reg.placement_status()
         (status,) = listing.placement_status()
         assert (status.replicas, status.pinned, status.reported) == (2, True, {"w1": 2})
