@@ -48,6 +48,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -687,9 +688,7 @@ def drift_check(
     time.sleep(5)  # the control plane's next pass reads the new window size
     items = labelled_texts((bench.data_root or SHARED_DATA) / "gerlayqa-area")
     own_n = window * args.drift_windows
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item.label] = counts.get(item.label, 0) + 1
+    counts = Counter(i.label for i in items)
     rare = min((k for k in counts if counts[k] >= window), key=lambda k: counts[k])
     common = max(counts, key=lambda k: counts[k])
 
@@ -697,20 +696,20 @@ def drift_check(
         texts = [i.text for i in items if i.label == label]
         return [texts[k % len(texts)] for k in range(args.drift_shift_items)]
 
-    phases = [
-        ("own", "other items of the test split", [
-            items[i].text for i in rng.sample(range(len(items)), min(own_n, len(items)))
-        ]),
-        ("rarest", f"items of label `{rare}` only", of_label(rare)),
-        ("commonest", f"items of label `{common}` only", of_label(common)),
+    own = [items[i].text for i in rng.sample(range(len(items)), min(own_n, len(items)))]
+    phases = [  # name, what was replayed, its label's share of the test split, the texts
+        ("own", "other items of the test split", 1.0, own),
+        ("rarest", f"items of label `{rare}` only", counts[rare] / len(items), of_label(rare)),
+        ("commonest", f"items of label `{common}` only", counts[common] / len(items),
+         of_label(common)),
     ]  # fmt: skip
-    spans: list[tuple[int, int]] = []
+    spans: list[tuple[int, int]] = []  # first and last sample id of each phase
     with Client(stack.gateway, keys.caller, max_retries=30) as client:
-        for _name, what, texts in phases:
+        for _name, what, _share, texts in phases:
             log(f"drift: {len(texts)} {what} (windows of {window})")
             ids = _classify_all(client, texts)
             spans.append((_sample_id(reg, ids[0]), _sample_id(reg, ids[-1])))
-            windows = _windows_until(reg, spans[-1][1], window)
+    windows = _windows_until(reg, spans[-1][1], window)
 
     def summary(ws: list[Any]) -> dict[str, Any]:
         return {
@@ -725,14 +724,13 @@ def drift_check(
         "phases": {},
     }
     within: set[int] = set()
-    for (name, what, texts), (first, last) in zip(phases, spans, strict=True):
+    for (name, what, share, texts), (first, last) in zip(phases, spans, strict=True):
         mine = [w for w in windows if first <= w.first_sample_id and w.last_sample_id <= last]
         within.update(w.id for w in mine)
-        label = rare if name == "rarest" else common if name == "commonest" else None
         result["phases"][name] = {
             "what": what,
             "items": len(texts),
-            "share": counts[label] / len(items) if label else 1.0,
+            "share": share,
             **summary(mine),
         }
     result["mixed"] = summary([w for w in windows if w.id not in within and
