@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import entities as e
-from registry.errors import NotFound
+from registry.errors import DatabaseError, NotFound
 
 _PREFIX = "sqlite:///"
 
@@ -82,8 +82,11 @@ class Listing:
         self._conn.close()
 
     def _rows(self, sql: str, *params: Any) -> list[sqlite3.Row]:
-        with closing(self._conn.execute(sql, params)) as cursor:
-            return list(cursor.fetchall())
+        try:
+            with closing(self._conn.execute(sql, params)) as cursor:
+                return list(cursor.fetchall())
+        except sqlite3.Error as exc:  # one line, as the Registry says it, not a traceback
+            raise DatabaseError(f"cannot read the registry database: {exc}") from None
 
     # ---- the listings ---------------------------------------------------------------------
     def list_tasks(self) -> list[e.Task]:

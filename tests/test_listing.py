@@ -16,6 +16,7 @@ import pytest
 
 from registry import NotFound, Registry
 from registry.entities import WorkerReport
+from registry.errors import DatabaseError
 from registry.listing import Listing, sqlite_path
 from testbed.declared_tasks import add_task, declare_suite
 from tests.evalrun_fixture import record_run
@@ -113,3 +114,19 @@ def test_what_only_the_registry_can_open_is_left_to_it(database: str, tmp_path: 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not a database")
     assert Listing.open(f"sqlite:///{garbage}") is None
+
+
+def test_a_database_that_breaks_after_opening_is_one_error(database: str, tmp_path: Path) -> None:
+    """A file damaged (or a table gone) after the listing opened is a DatabaseError, which the
+    CLI prints as one line, never a traceback."""
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(Path(database[len("sqlite:///") :]).read_bytes())
+    listing = Listing.open(f"sqlite:///{copy}")
+    assert listing is not None
+    try:
+        with sqlite3.connect(copy) as conn:
+            conn.execute("DROP TABLE workers")
+        with pytest.raises(DatabaseError, match="cannot read the registry database"):
+            listing.list_workers()
+    finally:
+        listing.close()
