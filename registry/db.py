@@ -11,6 +11,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from registry.errors import DatabaseError
+from registry.listing import DEFAULT_SQLITE_BUSY_TIMEOUT_S
 
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 
@@ -52,9 +53,6 @@ def create_registry_engine(url: str) -> Engine:
         event.listen(engine, "connect", lambda conn, _record: _sqlite_pragmas(conn, busy_ms))
         event.listen(engine, "begin", _sqlite_begin_immediate)
     return engine
-
-
-DEFAULT_SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 def _busy_timeout(raw: Any, url: str) -> float:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import secrets
+import dataclasses
 
 from sqlalchemy import select
 
-from httpapi.tokens import TOKEN_PREFIX, key_prefix, token_hash, token_matches
+from httpapi.tokens import key_prefix, token_matches
 from registry import entities as e
-from registry.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
-from registry.kinds import check_name
+from registry.errors import AlreadyExists, NotFound, Unauthenticated
+from registry.key_rules import MAX_TOKEN_CHARS, check_quota, new_key
 from registry.models import ApiKeyRow, utcnow
 from registry.transactions import Transactions
-
-ROLES = ("viewer", "promoter", "admin", "caller")
-MAX_TOKEN_CHARS = 256  # tokens are ~45 characters
 
 
 class ApiKeyRepository:
@@ -33,29 +30,19 @@ class ApiKeyRepository:
         token_burst: int | None = None,
     ) -> tuple[e.ApiKey, str]:
         """Create a key; the plain token is returned once and never stored."""
-        check_name("api key", name)
-        unknown = sorted(set(roles) - set(ROLES))
-        if not roles or unknown:
-            raise InvalidInput(f"roles must be some of {', '.join(ROLES)}; got {roles}")
-        _check_quota(rate_limit_per_s, rate_burst, "request")
-        _check_quota(token_rate_per_s, token_burst, "token")
-        prefix = secrets.token_hex(4)
-        secret = secrets.token_urlsafe(24)
-        token = f"{TOKEN_PREFIX}_{prefix}_{secret}"
+        key, token = new_key(
+            name,
+            roles=roles,
+            tasks=tasks,
+            rate_limit_per_s=rate_limit_per_s,
+            rate_burst=rate_burst,
+            token_rate_per_s=token_rate_per_s,
+            token_burst=token_burst,
+        )
         with self.tx.write() as s:
             if s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name)):
                 raise AlreadyExists(f"api key {name!r} already exists")
-            row = ApiKeyRow(
-                name=name,
-                prefix=prefix,
-                secret_hash=token_hash(token),
-                roles=sorted(set(roles)),
-                tasks=sorted(set(tasks or [])),
-                rate_limit_per_s=rate_limit_per_s,
-                rate_burst=rate_burst,
-                token_rate_per_s=token_rate_per_s,
-                token_burst=token_burst,
-            )
+            row = ApiKeyRow(**dataclasses.asdict(key))
             s.add(row)
             s.flush()
             self.tx.audit(s, "apikey.create", "api_key", name, {"roles": row.roles})
@@ -93,8 +80,8 @@ class ApiKeyRepository:
     ) -> e.ApiKey:
         """Set a key's whole gateway quota: requests/s and estimated tokens/s, each with its
         burst; ``None`` for a rate removes that limit."""
-        _check_quota(rate_limit_per_s, rate_burst, "request")
-        _check_quota(token_rate_per_s, token_burst, "token")
+        check_quota(rate_limit_per_s, rate_burst, "request")
+        check_quota(token_rate_per_s, token_burst, "token")
         with self.tx.write() as s:
             row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
             if row is None:
@@ -124,26 +111,6 @@ class ApiKeyRepository:
         with self.tx.read() as s:
             rows = s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))
             return [e.ApiKeyDigest(api_key_entity(r), r.secret_hash) for r in rows]
-
-
-# Quotas are stored in a float and a 32-bit integer column; beyond these nobody is limited.
-MAX_QUOTA_RATE = 1e9
-MAX_QUOTA_BURST = 2**31 - 1
-
-
-def _check_quota(rate: float | None, burst: int | None, unit: str) -> None:
-    """A rate above 0 (per second) and a burst of at least 1, both in ``unit``s."""
-    if rate is not None and not 0 < rate <= MAX_QUOTA_RATE:  # NaN fails too
-        raise InvalidInput(
-            f"a {unit} rate limit must be above 0 and at most {MAX_QUOTA_RATE:g} {unit}s/s; "
-            f"got {rate}"
-        )
-    if burst is not None and not 1 <= burst <= MAX_QUOTA_BURST:
-        raise InvalidInput(
-            f"a {unit} burst must be between 1 and {MAX_QUOTA_BURST} {unit}s; got {burst}"
-        )
-    if burst is not None and rate is None:
-        raise InvalidInput(f"a {unit} burst needs a {unit} rate limit")
 
 
 def api_key_entity(r: ApiKeyRow) -> e.ApiKey:

@@ -24,6 +24,8 @@ from registry import entities as e
 from registry.errors import DatabaseError, NotFound
 
 _PREFIX = "sqlite:///"
+# How long a reader or writer waits for another writer's lock; the Registry's too (registry/db.py).
+DEFAULT_SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 def sqlite_path(database_url: str) -> Path | None:
@@ -48,6 +50,34 @@ def _stamp(value: str) -> datetime:
     return moment
 
 
+def connect_current(
+    database_url: str, *, writable: bool, busy_timeout_s: float
+) -> sqlite3.Connection | None:
+    """A sqlite3 connection to a current SQLite registry (read-only unless ``writable``), or
+    None where only the `Registry` can open the database (see the module's docstring)."""
+    path = sqlite_path(database_url)
+    if path is None or not path.is_file():
+        return None
+    import migrations
+
+    mode = "rw" if writable else "ro"
+    try:
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode={mode}", uri=True, timeout=busy_timeout_s
+        )
+    except sqlite3.Error:
+        return None
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        row = None
+    if row is None or row[0] != migrations.newest_revision():
+        conn.close()
+        return None
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
 class Listing:
     """Read-only listings of one current SQLite registry."""
 
@@ -55,28 +85,12 @@ class Listing:
         self._conn = conn
 
     @classmethod
-    def open(cls, database_url: str, *, busy_timeout_s: float = 5.0) -> Listing | None:
+    def open(
+        cls, database_url: str, *, busy_timeout_s: float = DEFAULT_SQLITE_BUSY_TIMEOUT_S
+    ) -> Listing | None:
         """A listing of the database, or None where only the `Registry` can open it."""
-        path = sqlite_path(database_url)
-        if path is None or not path.is_file():
-            return None
-        import migrations
-
-        try:
-            conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_s
-            )
-        except sqlite3.Error:
-            return None
-        try:
-            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except sqlite3.Error:
-            row = None
-        if row is None or row[0] != migrations.newest_revision():
-            conn.close()
-            return None
-        conn.row_factory = sqlite3.Row
-        return cls(conn)
+        conn = connect_current(database_url, writable=False, busy_timeout_s=busy_timeout_s)
+        return None if conn is None else cls(conn)
 
     def close(self) -> None:
         self._conn.close()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from httpapi.handlers import validation_message
 from registry import entities as e
 from registry.errors import InvalidInput
-from registry.keys import MAX_QUOTA_BURST, MAX_QUOTA_RATE
+from registry.key_rules import MAX_QUOTA_BURST, MAX_QUOTA_RATE
 from registry.limits import (
     DEFAULT_MAX_DOCUMENT_CHARS,
     DEFAULT_MAX_QUERY_CHARS,

@@ -23,7 +23,7 @@ from registry.limits import (
 from registry.runtimes import MODEL_VARIANTS
 from taskfleet.baseline_builder import fit_baseline
 from taskfleet.console import bold, console, line
-from taskfleet.context import get_settings, open_listing, open_registry
+from taskfleet.context import get_settings, open_key_writer, open_listing, open_registry
 from taskfleet.variant_builder import build_variant
 
 if TYPE_CHECKING:
@@ -640,7 +640,7 @@ def key_create(
     ),
 ) -> None:
     """Create an API key; the token is printed once."""
-    key, token = open_registry().create_api_key(
+    key, token = open_key_writer().create_api_key(
         name,
         roles=role,
         tasks=task,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from registry import Registry
+    from registry.key_writer import KeyWriter
     from registry.listing import Listing
     from taskfleet.settings import Settings
 
@@ -51,6 +52,18 @@ class CliState:
             self._listing = Listing.open(self.settings.resolved_database_url)
         return self._listing if self._listing is not None else self.registry()
 
+    def key_writer(self) -> KeyWriter | Registry:
+        """What `key create` writes with: a `KeyWriter` on a current SQLite registry (no
+        SQLAlchemy), else the registry itself."""
+        if self._registry is None:
+            from registry.key_writer import KeyWriter
+
+            s = self.settings
+            writer = KeyWriter.open(s.resolved_database_url, actor=s.resolved_actor())
+            if writer is not None:
+                return writer
+        return self.registry()
+
 
 state = CliState()
 
@@ -62,6 +75,11 @@ def get_settings() -> Settings:
 def open_listing() -> Listing | Registry:
     """For commands that only list tasks, suites, candidates, placements or workers."""
     return state.listing()
+
+
+def open_key_writer() -> KeyWriter | Registry:
+    """For `key create`: a sqlite3 writer on a current SQLite registry, else the registry."""
+    return state.key_writer()
 
 
 def open_registry() -> Registry:

@@ -16,7 +16,8 @@ import pytest
 
 from registry import NotFound, Registry
 from registry.entities import WorkerReport
-from registry.errors import DatabaseError
+from registry.errors import AlreadyExists, DatabaseError, InvalidInput
+from registry.key_writer import KeyWriter
 from registry.listing import Listing, sqlite_path
 from testbed.declared_tasks import add_task, declare_suite
 from tests.evalrun_fixture import record_run
@@ -130,3 +131,64 @@ def test_a_database_that_breaks_after_opening_is_one_error(database: str, tmp_pa
             listing.list_workers()
     finally:
         listing.close()
+
+
+def test_a_key_written_without_the_orm_is_the_registrys_key(database: str, tmp_path: Path) -> None:
+    """`taskfleet key create` writes with sqlite3 (registry/key_writer.py): the Registry reads
+    the key back as its own, authenticates its token, and finds the audit entry it would
+    have written; the writer refuses what the Registry refuses, in one line."""
+    copy = tmp_path / "keys.db"
+    copy.write_bytes(Path(database[len("sqlite:///") :]).read_bytes())
+    url = f"sqlite:///{copy}"
+    writer = KeyWriter.open(url, actor="cli:tester")
+    assert writer is not None
+    reg = Registry.open(url, artifact_dir=tmp_path / "artifacts", actor="cli:tester")
+    try:
+        written, token = writer.create_api_key(
+            "fast",
+            roles=["viewer", "caller", "viewer"],
+            tasks=["search"],
+            rate_limit_per_s=2.5,
+            rate_burst=5,
+            token_rate_per_s=100.0,
+        )
+        ormed, _ = reg.create_api_key(
+            "slow",
+            roles=["viewer", "caller", "viewer"],
+            tasks=["search"],
+            rate_limit_per_s=2.5,
+            rate_burst=5,
+            token_rate_per_s=100.0,
+        )
+        stored = {k.name: k for k in reg.list_api_keys()}
+        assert stored["fast"] == written
+        for field in ("roles", "tasks", "rate_limit_per_s", "rate_burst", "token_rate_per_s"):
+            assert getattr(written, field) == getattr(ormed, field), field
+        assert written.token_burst is None
+        assert abs(written.created_at - ormed.created_at) < timedelta(minutes=1)
+        assert reg.authenticate(token) == written
+        with sqlite3.connect(copy) as conn:  # stored as the ORM stores it, byte for byte
+            columns = "roles, tasks, typeof(created_at), length(created_at), typeof(rate_burst)"
+            rows = conn.execute(
+                f"SELECT name, {columns} FROM api_keys WHERE name IN ('fast', 'slow')"
+            ).fetchall()
+        assert rows[0][1:] == rows[1][1:], rows
+        audit = [(a.actor, a.action, a.entity, a.detail) for a in reg.audit_log(limit=2)]
+        assert (
+            audit
+            == [("cli:tester", "apikey.create", "api_key", {"roles": ["caller", "viewer"]})] * 2
+        )
+
+        with pytest.raises(AlreadyExists, match="'slow' already exists"):
+            writer.create_api_key("slow", roles=["viewer"])
+        with pytest.raises(InvalidInput, match="roles must be some of"):
+            writer.create_api_key("bad", roles=["king"])
+        with pytest.raises(InvalidInput, match="burst needs a request rate"):
+            writer.create_api_key("bad", roles=["viewer"], rate_burst=3)
+        assert "bad" not in {k.name for k in reg.list_api_keys()}
+    finally:
+        writer.close()
+        reg.close()
+    absent = tmp_path / "absent.db"
+    assert KeyWriter.open(f"sqlite:///{absent}", actor="x") is None
+    assert not absent.exists(), "only the Registry creates a database"
