@@ -547,7 +547,14 @@ def main(argv: list[str] | None = None) -> int:
         measured = parse_args(run.argv)
         measured.sim_workers, measured.sim_seeds = args.sim_workers, args.sim_seeds
         measured.sim_slowest = args.sim_slowest
-        write_report(run, measured, args.report_path, simulated(run, measured, args.report_path))
+        lines = simulated(run, measured, args.report_path)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        lines[2:2] = [
+            f"Simulated {when}, after the run, from its raw results: `.venv/bin/python -m "
+            f"benchmarks.knee --from-json {args.from_json}`.",
+            "",
+        ]
+        write_report(run, measured, args.report_path, lines)
         return 0
     model_path = args.model or packaged_model()
     command = f".venv/bin/python -m benchmarks.knee {shlex.join(given)}".rstrip()

@@ -77,3 +77,22 @@ def test_pull_beats_round_robin_on_uneven_workers_within_capacity() -> None:
     # The arrivals the search compares are one process, only sooner at a higher rate.
     slow, fast = (scaled_schedule(r, 20.0, 0.1, 8, (16, 32), seed=0) for r in (5.0, 10.0))
     assert [a.texts for a in fast[: len(slow)]] == [a.texts for a in slow]
+
+
+def test_a_busy_worker_holds_the_message_it_polled_for_while_another_is_idle() -> None:
+    """The sidecar's idle poll takes one message whatever its slots: a busy worker that has
+    waited longest gets the next request and holds it until its batch ends, while the other
+    worker is idle. With ``ahead=0`` (a pull only with a free slot) the idle worker takes it."""
+    long, short = [256] * 32, [14]
+    arrivals = [Arrival(0.0, True, (0,)), Arrival(0.01, False, (1,)), Arrival(0.05, False, (2,))]
+    sizes = [tuple(long), tuple(short), tuple(short)]
+    fleet = [knee_sim.SimWorker(TRUTH), knee_sim.SimWorker(TRUTH)]
+    latency = {}
+    for ahead in (1, 0):
+        sidecar = knee_sim.SidecarModel(inflight=1, ahead=ahead)
+        step = knee_sim.simulate("pull", arrivals, sizes, fleet, seconds=1.0, sidecar=sidecar)
+        assert step.answered == 3
+        latency[ahead] = max(step.small_latency)
+    held = TRUTH.seconds(long) - 0.05 + TRUTH.seconds(short)  # behind the long batch
+    assert latency[1] == pytest.approx(held)
+    assert latency[0] == pytest.approx(TRUTH.seconds(short))  # the idle worker, at once
