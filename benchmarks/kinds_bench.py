@@ -73,6 +73,8 @@ class Bench:
             for key, value in json.loads(path.read_text(encoding="utf-8")).items():
                 if isinstance(value, dict):
                     self.figures.setdefault(key, {}).update(value)
+                elif isinstance(value, list):  # e.g. every stage's comparisons
+                    self.figures.setdefault(key, []).extend(value)
                 else:
                     self.figures[key] = value
 
@@ -94,6 +96,7 @@ class Bench:
         result = compare(self.reg, task, a, b)
         d = result.difference
         row = {
+            "task": task,
             "a": a,
             "b": b,
             "difference": d.estimate,
