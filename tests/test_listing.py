@@ -192,3 +192,28 @@ def test_a_key_written_without_the_orm_is_the_registrys_key(database: str, tmp_p
     absent = tmp_path / "absent.db"
     assert KeyWriter.open(f"sqlite:///{absent}", actor="x") is None
     assert not absent.exists(), "only the Registry creates a database"
+
+
+def test_a_key_write_behind_another_writers_lock_is_one_error(
+    database: str, tmp_path: Path
+) -> None:
+    """Another process holding the write lock past the busy timeout: `key create` says so in
+    one line (DatabaseError) and leaves no half-written key."""
+    copy = tmp_path / "locked.db"
+    copy.write_bytes(Path(database[len("sqlite:///") :]).read_bytes())
+    url = f"sqlite:///{copy}"
+    writer = KeyWriter.open(url, actor="cli:tester", busy_timeout_s=0.2)
+    assert writer is not None
+    holder = sqlite3.connect(copy, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(DatabaseError, match="database is locked"):
+            writer.create_api_key("blocked", roles=["viewer"])
+        holder.execute("ROLLBACK")
+        with sqlite3.connect(copy) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM api_keys WHERE name = 'blocked'"
+            ).fetchone() == (0,)
+    finally:
+        holder.close()
+        writer.close()
