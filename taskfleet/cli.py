@@ -143,6 +143,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         ("finetune.errors", "FinetuneError"),
         ("serving.connection", "NatsOptionsError"),
         ("taskfleet.tune", "TuneError"),
+        ("taskfleet.settings", "SettingsError"),
     ):
         loaded = sys.modules.get(module)
         if loaded is not None:

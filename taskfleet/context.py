@@ -24,9 +24,9 @@ class CliState:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            from taskfleet.settings import Settings  # pydantic-settings: not for `--help`
+            from taskfleet.settings import Settings
 
-            self._settings = Settings(**{k: v for k, v in self.overrides.items() if v is not None})
+            self._settings = Settings.load(self.overrides)
         return self._settings
 
     def registry(self) -> Registry:

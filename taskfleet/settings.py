@@ -2,98 +2,195 @@
 
 CLI flags override these values; lower layers (registry, evals, serving) never read the
 environment themselves, they receive what they need from the shell.
+
+A plain dataclass, not pydantic-settings: every command reads its settings, and pydantic with
+pydantic-settings took longer to import than a registry-only command takes to answer
+(`tests/test_cli_imports.py`). Each field names its parser; a value the parser refuses is one
+`SettingsError` line naming the variable.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from serving.connection import NatsOptions
+
+ENV_PREFIX = "TASKFLEET_"
+
+
+class SettingsError(ValueError):
+    """A setting's value cannot be read (the message names the variable and the rule)."""
+
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _path(value: Any) -> Path:
+    return value if isinstance(value, Path) else Path(str(value))
+
+
+def _positive_number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("must be a number") from None
+    if not number > 0:  # also refuses NaN
+        raise ValueError("must be above 0")
+    return number
+
+
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError("must be one of 1/0, true/false, yes/no, on/off")
+
+
+def _about(description: str, parse: Callable[[Any], Any] = _text) -> dict[str, Any]:
+    """A field's metadata: what it is for (help texts) and how its text is read."""
+    return {"description": description, "parse": parse}
 
 
 def _default_home() -> Path:
     return Path.home() / ".taskfleet"
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TASKFLEET_", extra="ignore")
-
-    home: Path = Field(default_factory=_default_home, description="Data directory.")
-    database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; default: SQLite file under home."
+@dataclass
+class Settings:
+    home: Path = field(default_factory=_default_home, metadata=_about("Data directory.", _path))
+    database_url: str | None = field(
+        default=None, metadata=_about("SQLAlchemy URL; default: SQLite file under home.")
     )
-    artifact_dir: Path | None = Field(
-        default=None, description="Content-addressed artifact store; default: home/artifacts."
-    )
-    mlflow_tracking_uri: str | None = Field(
-        default=None, description="MLflow tracking URI; default: SQLite file under home."
-    )
-    nats_url: str | None = Field(
+    artifact_dir: Path | None = field(
         default=None,
-        description="Existing NATS server/cluster, URLs comma-separated; default: start an "
-        "embedded one.",
+        metadata=_about("Content-addressed artifact store; default: home/artifacts.", _path),
     )
-    nats_user: str | None = Field(default=None, description="NATS user.")
-    nats_password: str | None = Field(default=None, description="NATS password (env only).")
-    nats_creds: Path | None = Field(default=None, description="NATS credentials file.")
-    nats_tls_ca: Path | None = Field(default=None, description="CA to trust for NATS TLS.")
-    nats_tls_cert: Path | None = Field(default=None, description="NATS TLS client certificate.")
-    nats_tls_key: Path | None = Field(default=None, description="Its private key.")
-    actor: str | None = Field(default=None, description="Who is acting, for the audit log.")
-    data_dir: Path | None = Field(
-        default=None, description="Root of the eval suites' data; default: ../shared/data."
+    mlflow_tracking_uri: str | None = field(
+        default=None, metadata=_about("MLflow tracking URI; default: SQLite file under home.")
     )
-    artifact_source: str | None = Field(
+    nats_url: str | None = field(
         default=None,
-        description="Where the control plane uploads models and adapters and workers fetch "
-        "them: empty for the NATS object store `artifacts`, or an S3-compatible bucket "
-        "s3://bucket/prefix (credentials and endpoint from the standard AWS_* variables).",
+        metadata=_about(
+            "Existing NATS server/cluster, URLs comma-separated; default: start an embedded one."
+        ),
     )
-    session_secret: str | None = Field(
+    nats_user: str | None = field(default=None, metadata=_about("NATS user."))
+    nats_password: str | None = field(default=None, metadata=_about("NATS password (env only)."))
+    nats_creds: Path | None = field(default=None, metadata=_about("NATS credentials file.", _path))
+    nats_tls_ca: Path | None = field(
+        default=None, metadata=_about("CA to trust for NATS TLS.", _path)
+    )
+    nats_tls_cert: Path | None = field(
+        default=None, metadata=_about("NATS TLS client certificate.", _path)
+    )
+    nats_tls_key: Path | None = field(default=None, metadata=_about("Its private key.", _path))
+    actor: str | None = field(default=None, metadata=_about("Who is acting, for the audit log."))
+    data_dir: Path | None = field(
         default=None,
-        description="Signs dashboard session cookies; default: a secret kept under home.",
+        metadata=_about("Root of the eval suites' data; default: ../shared/data.", _path),
     )
-    metrics_token: str | None = Field(
+    artifact_source: str | None = field(
         default=None,
-        description="The bearer token a gateway's /metrics requires (Prometheus "
-        "`authorization: {credentials: ...}`). Without one, /metrics answers only when the "
-        "gateway runs without auth: its figures name every task and API key.",
+        metadata=_about(
+            "Where the control plane uploads models and adapters and workers fetch them: empty "
+            "for the NATS object store `artifacts`, or an S3-compatible bucket s3://bucket/prefix "
+            "(credentials and endpoint from the standard AWS_* variables)."
+        ),
     )
-    endpoint_probe_period_s: float = Field(
+    session_secret: str | None = field(
+        default=None,
+        metadata=_about("Signs dashboard session cookies; default: a secret kept under home."),
+    )
+    metrics_token: str | None = field(
+        default=None,
+        metadata=_about(
+            "The bearer token a gateway's /metrics requires (Prometheus `authorization: "
+            "{credentials: ...}`). Without one, /metrics answers only when the gateway runs "
+            "without auth: its figures name every task and API key."
+        ),
+    )
+    endpoint_probe_period_s: float = field(
         default=60.0,
-        gt=0,
-        description="How often the leading control plane re-probes each endpoint model a "
-        "candidate uses; a changed answer marks its pairings stale.",
+        metadata=_about(
+            "How often the leading control plane re-probes each endpoint model a candidate uses; "
+            "a changed answer marks its pairings stale.",
+            _positive_number,
+        ),
     )
-    secure_cookies: bool = Field(
+    secure_cookies: bool = field(
         default=False,
-        description="Mark dashboard session cookies Secure (HTTPS only). Turn on whenever the "
-        "dashboard is reached over HTTPS, directly or behind a proxy.",
+        metadata=_about(
+            "Mark dashboard session cookies Secure (HTTPS only). Turn on whenever the dashboard "
+            "is reached over HTTPS, directly or behind a proxy.",
+            _flag,
+        ),
+    )
+    forwarded_allow_ips: str | None = field(
+        default=None,
+        metadata=_about(
+            "Proxies whose X-Forwarded-For/-Proto headers the HTTP servers believe: IP addresses "
+            "or networks, comma-separated, or * for every peer; default none (the peer address "
+            "is the client)."
+        ),
+    )
+    allowed_hosts: str | None = field(
+        default=None,
+        metadata=_about(
+            "Host header values the control plane answers to, comma-separated (*.example.com for "
+            "subdomains, * for any); default: this machine's own names."
+        ),
+    )
+    model_roots: str | None = field(
+        default=None,
+        metadata=_about(
+            "Folders the control plane's REST API may register base models and adapters from, "
+            "comma-separated; default none (REST registers models by package only; the CLI is "
+            "not bound)."
+        ),
     )
 
-    forwarded_allow_ips: str | None = Field(
-        default=None,
-        description="Proxies whose X-Forwarded-For/-Proto headers the HTTP servers believe: "
-        "IP addresses or networks, comma-separated, or * for every peer; default none (the "
-        "peer address is the client).",
-    )
-    allowed_hosts: str | None = Field(
-        default=None,
-        description="Host header values the control plane answers to, comma-separated "
-        "(*.example.com for subdomains, * for any); default: this machine's own names.",
-    )
-    model_roots: str | None = Field(
-        default=None,
-        description="Folders the control plane's REST API may register base models and "
-        "adapters from, comma-separated; default none (REST registers models by package only; "
-        "the CLI is not bound).",
-    )
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """The settings from ``env`` (default: this process's environment; names are
+        `TASKFLEET_` + the field's name, in any case), each overridden by a value in
+        ``overrides`` that is not None (the CLI's flags)."""
+        environ = os.environ if env is None else env
+        found = {
+            key.upper()[len(ENV_PREFIX) :]: value
+            for key, value in environ.items()
+            if key.upper().startswith(ENV_PREFIX)
+        }
+        given = {k: v for k, v in (overrides or {}).items() if v is not None}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in given:
+                raw, source = given.pop(f.name), f"--{f.name.replace('_', '-')}"
+            elif f.name.upper() in found:
+                raw, source = found[f.name.upper()], ENV_PREFIX + f.name.upper()
+            else:
+                continue
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError as exc:
+                raise SettingsError(f"{source}: {exc}, not {str(raw)!r}") from None
+        if given:
+            raise TypeError(f"unknown settings: {', '.join(sorted(given))}")
+        return cls(**values)
 
     @cached_property
     def resolved_home(self) -> Path:
@@ -165,7 +262,3 @@ class Settings(BaseSettings):
             return f"cli:{getpass.getuser()}"
         except Exception:  # no user name in some containers
             return "cli:unknown"
-
-
-def get_settings() -> Settings:
-    return Settings()

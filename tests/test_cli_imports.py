@@ -44,6 +44,10 @@ HEAVY = frozenset(
         "uvicorn",
         "boto3",
         "alembic",
+        # Validation for the web APIs: typer 0.29's coercion and pydantic-settings loaded it on
+        # every command, more import time than the rest of a listing took.
+        "pydantic",
+        "pydantic_settings",
         "evals",
         "finetune",
         "serving",
