@@ -16,7 +16,7 @@ import tomllib
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
-from functools import cache, cached_property
+from functools import cached_property
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -163,7 +163,7 @@ def _build(cls: type[R], table: Any, where: str) -> R:
     """A record from a TOML table: every field present (or defaulted), nothing else."""
     if not isinstance(table, dict):
         raise ContractError(f"{SOURCE}: [{where}] must be a table")
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - names)
     if unknown:
@@ -176,13 +176,6 @@ def _build(cls: type[R], table: Any, where: str) -> R:
             continue
         values[f.name] = _value(hints[f.name], table[f.name], f"{where}.{f.name}")
     return cls(**values)
-
-
-@cache
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    """A record's field types, resolved once: every error code is a `CodeRule`, and resolving
-    string annotations anew for each was most of what reading the file cost."""
-    return typing.get_type_hints(cls)
 
 
 def _value(tp: Any, value: Any, where: str) -> Any:

@@ -29,6 +29,15 @@ class CliState:
             self._settings = Settings.load(self.overrides)
         return self._settings
 
+    def reset(self) -> None:
+        """Forget what the last command opened (a test runs many commands in one process):
+        the registry is closed, and settings, registry and listing are read anew."""
+        if self._registry is not None:
+            self._registry.close()
+        if self._listing is not None:
+            self._listing.close()
+        self._settings, self._registry, self._listing = None, None, None
+
     def registry(self) -> Registry:
         if self._registry is None:
             from registry import Registry  # the database layer: only for commands that use it

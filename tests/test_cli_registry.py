@@ -136,11 +136,10 @@ def test_cli_prints_user_strings_as_text(tmp_path: Path) -> None:
         ["promotions", "t"],
         ["placement", "ls"],
     ]
+    state.reset()  # nothing an earlier test opened in this process
     for command in commands:
         result = CliRunner().invoke(app, ["--home", str(home), *command], env={"COLUMNS": "300"})
-        if state._registry is not None:
-            state._registry.close()
-        state._registry, state._settings = None, None
+        state.reset()
         assert result.exception is None, (command, repr(result.exception))
         assert result.exit_code == 0, (command, result.output)
         shown = " ".join(result.output.split())  # tables may wrap a long cell

@@ -49,9 +49,7 @@ def ok(home: Path, *args: str) -> str:
     from taskfleet.context import state
 
     result = CliRunner().invoke(app, ["--home", str(home), *args], env={"COLUMNS": "200"})
-    if state._registry is not None:
-        state._registry.close()
-    state._registry, state._settings = None, None  # the next command opens its own
+    state.reset()  # the next command opens its own
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     assert result.exit_code == 0, (args, result.output)
@@ -92,8 +90,7 @@ def test_declare_evaluate_and_rank_three_kinds(
     from taskfleet.context import state
 
     monkeypatch.setattr(state, "overrides", {})
-    monkeypatch.setattr(state, "_settings", None)
-    monkeypatch.setattr(state, "_registry", None)
+    state.reset()
     home = tmp_path / "home"
     faq = build_beir(tmp_path / "faq", queries={"test": 10, "train": 8})
     rr = build_rerank(tmp_path / "rr", queries={"test": 10, "train": 8})
