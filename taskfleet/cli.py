@@ -1,71 +1,95 @@
 """The `taskfleet` command line: one Typer app, one sub-app per area.
 
-`--help` and the registry's own commands answer in a fraction of a second because the
-`cli_*` modules import nothing heavy at module level: torch, mteb, MLflow, scikit-learn,
-NATS and the like are imported inside the commands that use them
-(`tests/test_cli_imports.py` holds that line).
+`--help` and the registry's own commands answer in a fraction of a second: the `cli_*` modules
+import nothing heavy at module level (torch, mteb, MLflow, scikit-learn, NATS and the like are
+imported inside the commands that use them), and `main` builds only the command or group the
+command line names, so `taskfleet task ls` imports `cli_registry` and not the other areas'
+modules (`tests/test_cli_imports.py` holds both lines).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from registry import RegistryError
 from taskfleet import __version__
-from taskfleet.cli_artifacts import artifacts_app
-from taskfleet.cli_eval import eval_app
-from taskfleet.cli_finetune import finetune_app
-from taskfleet.cli_fleet import dlq_app, placement_app, placement_ls, up, worker
-from taskfleet.cli_gateway import call, gateway
-from taskfleet.cli_production import production_app, shadow_app
-from taskfleet.cli_promote import promote, promotions, recommend, rollback
-from taskfleet.cli_registry import adapter_app, candidate_app, db_app, key_app, model_app, task_app
-from taskfleet.cli_serve import serve
-from taskfleet.cli_suite import suite_app
-from taskfleet.cli_tune import profile_app, tune
 from taskfleet.console import console
 from taskfleet.context import state
 
 err = console(stderr=True)
 
-app = typer.Typer(
-    name="taskfleet",
-    help="Serve a fleet of small, evaluated open models by task name.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.add_typer(suite_app, name="suite")
-app.add_typer(task_app, name="task")
-app.add_typer(model_app, name="model")
-app.add_typer(adapter_app, name="adapter")
-app.add_typer(candidate_app, name="candidate")
-app.add_typer(db_app, name="db")
-app.add_typer(key_app, name="key")
-app.add_typer(eval_app, name="eval")
-app.add_typer(finetune_app, name="finetune")
-app.add_typer(placement_app, name="placement")
-app.add_typer(dlq_app, name="dlq")
-app.add_typer(artifacts_app, name="artifacts")
-app.add_typer(profile_app, name="profile")
-app.add_typer(shadow_app, name="shadow")
-app.add_typer(production_app, name="production")
-app.command("serve")(serve)
-app.command("gateway")(gateway)
-app.command("call")(call)
-app.command("worker")(worker)
-app.command("up")(up)
-app.command("tune")(tune)
-app.command("promote")(promote)
-app.command("rollback")(rollback)
-app.command("promotions")(promotions)
-app.command("recommend")(recommend)
-app.command("placements", help="Desired vs reported placement epochs (same as `placement ls`).")(
-    placement_ls
-)
+# Every group (a sub-app) and command, as (module, attribute), in the order `--help` lists them.
+GROUPS: dict[str, tuple[str, str]] = {
+    "suite": ("taskfleet.cli_suite", "suite_app"),
+    "task": ("taskfleet.cli_registry", "task_app"),
+    "model": ("taskfleet.cli_registry", "model_app"),
+    "adapter": ("taskfleet.cli_registry", "adapter_app"),
+    "candidate": ("taskfleet.cli_registry", "candidate_app"),
+    "db": ("taskfleet.cli_registry", "db_app"),
+    "key": ("taskfleet.cli_registry", "key_app"),
+    "eval": ("taskfleet.cli_eval", "eval_app"),
+    "finetune": ("taskfleet.cli_finetune", "finetune_app"),
+    "placement": ("taskfleet.cli_fleet", "placement_app"),
+    "dlq": ("taskfleet.cli_fleet", "dlq_app"),
+    "artifacts": ("taskfleet.cli_artifacts", "artifacts_app"),
+    "profile": ("taskfleet.cli_tune", "profile_app"),
+    "shadow": ("taskfleet.cli_production", "shadow_app"),
+    "production": ("taskfleet.cli_production", "production_app"),
+}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("taskfleet.cli_serve", "serve"),
+    "gateway": ("taskfleet.cli_gateway", "gateway"),
+    "call": ("taskfleet.cli_gateway", "call"),
+    "worker": ("taskfleet.cli_fleet", "worker"),
+    "up": ("taskfleet.cli_fleet", "up"),
+    "tune": ("taskfleet.cli_tune", "tune"),
+    "promote": ("taskfleet.cli_promote", "promote"),
+    "rollback": ("taskfleet.cli_promote", "rollback"),
+    "promotions": ("taskfleet.cli_promote", "promotions"),
+    "recommend": ("taskfleet.cli_promote", "recommend"),
+    "placements": ("taskfleet.cli_fleet", "placement_ls"),
+}
+COMMAND_HELP = {"placements": "Desired vs reported placement epochs (same as `placement ls`)."}
+
+
+def _attribute(where: tuple[str, str]) -> Any:
+    module, name = where
+    return getattr(importlib.import_module(module), name)
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The command line with every group and command, or with only the one named ``only``
+    (what `main` runs: the others' modules are then never imported)."""
+    built = typer.Typer(
+        name="taskfleet",
+        help="Serve a fleet of small, evaluated open models by task name.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    built.callback()(_global)
+    for name, where in GROUPS.items():
+        if only in (None, name):
+            built.add_typer(_attribute(where), name=name)
+    for name, where in COMMANDS.items():
+        if only in (None, name):
+            built.command(name, help=COMMAND_HELP.get(name))(_attribute(where))
+    return built
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`taskfleet.cli.app`: the whole command line (tests, docs), built on first use."""
+    if name == "app":
+        whole = build_app()
+        globals()["app"] = whole
+        return whole
+    raise AttributeError(f"module 'taskfleet.cli' has no attribute {name!r}")
 
 
 def _version(value: bool) -> None:
@@ -74,7 +98,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _global(
     home: Path | None = typer.Option(
         None, "--home", help="Data directory (env TASKFLEET_HOME; default ~/.taskfleet)."
@@ -165,8 +188,29 @@ def _quiet_libraries() -> None:
     logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
 
 
+def _command_word(args: list[str]) -> str | None:
+    """The group or command ``args`` name: the first word that is not a global option or the
+    value of one (`taskfleet --home H task ls` names `task`)."""
+    takes_value = {
+        decl
+        for parameter in inspect.signature(_global).parameters.values()
+        if parameter.default.default is not False  # --version is the one flag
+        for decl in parameter.default.param_decls
+    }
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("-"):
+            return word
+        i += 2 if word in takes_value else 1
+    return None
+
+
 def main() -> None:
     _quiet_libraries()
+    word = _command_word(sys.argv[1:])
+    # A word that names nothing gets the whole app, so the error lists what there is.
+    app = build_app(word if word in GROUPS or word in COMMANDS else None)
     try:
         app()
     except KeyboardInterrupt:

@@ -165,6 +165,23 @@ def test_an_error_loads_no_heavy_library(home: Path, tmp_path: Path) -> None:
     assert "sqlalchemy" not in packages
 
 
+def test_a_command_imports_only_its_own_areas_module(home: Path, tmp_path: Path) -> None:
+    """`main` builds only the group the command line names: the other areas' `cli_*` modules
+    (and what they import) are never loaded, whatever global options come first."""
+    out = tmp_path / "modules.json"
+    done, _ = _loaded(home, ["--home", str(home), "task", "ls"], out)
+    assert done.returncode == 0, done.stderr
+    assert "tickets" in done.stdout
+    areas = {m for m in json.loads(out.read_text()) if m.startswith("taskfleet.cli_")}
+    assert areas == {"taskfleet.cli_registry"}, sorted(areas)
+
+
+def test_a_word_that_names_nothing_gets_the_whole_app(home: Path, tmp_path: Path) -> None:
+    done, _ = _loaded(home, ["tsk", "ls"], tmp_path / "modules.json")
+    assert done.returncode == 2
+    assert "No such command 'tsk'. Did you mean 'task'?" in done.stderr
+
+
 def test_every_command_is_registered_once() -> None:
     from taskfleet.cli import app
 
