@@ -80,8 +80,8 @@ def test_a_hostile_caller_cannot_take_the_task_down(
     fleet: LocalFleet, task: str, reference: Reference, keys: tuple[str, str]
 ) -> None:
     normal, attacker = keys
-    baseline = sc.no_fault(fleet, task, reference, LOAD, api_key=normal)
-    assert not baseline.tally.problems(), baseline.row()
+    before = sc.no_fault(fleet, task, reference, LOAD, api_key=normal)
+    assert not before.tally.problems(), before.row()
     run = sc.hostile_caller(
         fleet,
         task,
@@ -92,8 +92,14 @@ def test_a_hostile_caller_cannot_take_the_task_down(
         lanes=2,
         flood_inputs=FLOOD_INPUTS,
     )
-    row, base = run.row(), baseline.row()
-    print(f"\nbaseline: {base}\nattack:   {row}")
+    # The baseline is measured on both sides of the attack: what else the machine runs (other
+    # test files' fleets, here on 2 cores) changes within a minute, and a bound against one
+    # earlier baseline failed on such a change, not on the attack (p99 1.34 s against 0.13 s).
+    after = sc.no_fault(fleet, task, reference, LOAD, api_key=normal)
+    assert not after.tally.problems(), after.row()
+    row = run.row()
+    base = max(before.row(), after.row(), key=lambda r: r["p99_all_s"])
+    print(f"\nbaseline: {before.row()}\nattack:   {row}\nafter:    {after.row()}")
     assert not run.tally.problems(), (row, fleet.logs())
     assert run.tally.answered == LOAD.calls, row
     # What the attacker got: refusals at once for the epoch and the huge text, 200 or 429 for
