@@ -76,14 +76,14 @@ sidecar: $(STAMP)
 sidecar-candle: $(STAMP)
 	cd sidecar && cargo build --release --locked -q --features candle
 
+# One clippy run, with the candle feature: it checks every line the plain build has but the two
+# `cfg(not(feature = "candle"))` stand-ins (which the release build compiles); a second run
+# without the feature cost 48 s of a fresh clone's make test for those two.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	cd sidecar && cargo fmt --check
-	# One clippy run with the candle feature: it checks every line the plain build has but the
-	# two `cfg(not(feature = "candle"))` stand-ins (which the release build compiles), and a
-	# second run without it cost 48 s of a fresh clone's make test for those two.
 	cd sidecar && cargo clippy --locked --all-targets --features candle -q -- -D warnings
 
 # --release reuses the dependencies `make sidecar` compiled.
