@@ -13,6 +13,11 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Torch's OpenMP threads spin for a while after each op by default; with three pytest workers,
+# lint and the Rust tests sharing two cores, that spinning takes cores from the others. Sleeping
+# threads (what the runtime server already defaults to) cut test_finetune_training.py from
+# ~22 to ~13 CPU-s here. Subprocesses the tests start (CLI, runtimes) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 set, which a serial run does not
 # have; rich fixes a Console's width from COLUMNS when it is created, so the CLI's module-level
 # consoles would then ignore the width a test's CliRunner asks for. One environment either way.
