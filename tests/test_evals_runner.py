@@ -151,19 +151,10 @@ def test_the_runner_asks_for_the_auto_promotion_of_a_task_that_opted_in(
 
 
 # ---- the CLI, as a user runs it ----------------------------------------------------------
-_CLI = (
-    "from taskfleet.cli import app, main\n"
-    "from taskfleet.cli_eval import eval_app\n"
-    "if not any(g.name == 'eval' for g in app.registered_groups):\n"
-    "    app.add_typer(eval_app, name='eval')\n"
-    "main()\n"
-)
-
-
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TASKFLEET_HOME": str(home), "COLUMNS": "200", "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-c", _CLI, *args],
+        [sys.executable, "-m", "taskfleet", *args],
         env=env,
         capture_output=True,
         text=True,
