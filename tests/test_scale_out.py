@@ -31,6 +31,15 @@ SIDECAR_ARGS = [
     "--ack-wait-ms", "5000",
     "--max-batch-wait-ms", "2",
 ]  # fmt: skip
+# The epoch-fencing test keeps the sidecar's own hand-back schedule (--nak-delay-ms 1000 by
+# default: naks after 1, 2, 3 and 4 s, then a retryable EPOCH_BEHIND). With 200 ms the five
+# deliveries spanned 2 s, less than the worker's switch to the newer model can take on two busy
+# cores: a fresh clone's make test saw the last one answered EPOCH_BEHIND before the model loaded.
+FENCE_SIDECAR_ARGS = [
+    "--heartbeat-ms", "300",
+    "--ack-wait-ms", "5000",
+    "--max-batch-wait-ms", "2",
+]  # fmt: skip
 
 
 def holders(fleet: LocalFleet, task: str) -> list[str]:
@@ -87,7 +96,7 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
     epoch, never from the older one."""
     model_a = build_tiny_model(tmp_path / "a", seed=11)
     model_b = build_tiny_model(tmp_path / "b", seed=12)
-    with LocalFleet(tmp_path / "fleet", workers=1, sidecar_args=SIDECAR_ARGS) as fleet:
+    with LocalFleet(tmp_path / "fleet", workers=1, sidecar_args=FENCE_SIDECAR_ARGS) as fleet:
         reg = fleet.reg
         task = unique_task("fence")
         add_task(reg, task)
