@@ -114,3 +114,74 @@ pub fn host_name() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_nats::jetstream;
+    use tokio_util::sync::CancellationToken;
+
+    use super::Heartbeat;
+    use crate::artifacts::{ArtifactCache, Source};
+    use crate::nats;
+    use crate::nats_server_test::{eventually, NatsServer};
+    use crate::protocol::{self, WorkerHeartbeat};
+    use crate::residency::Residency;
+    use crate::runtime::supervisor::Runtime;
+
+    async fn heartbeat_of(store: &jetstream::kv::Store, worker: &str) -> Option<WorkerHeartbeat> {
+        let bytes = store.get(worker).await.ok()??;
+        Some(protocol::decode(&bytes).expect("heartbeat decodes"))
+    }
+
+    #[tokio::test]
+    async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
+        let server = NatsServer::start();
+        let client = async_nats::connect(&server.url).await.unwrap();
+        let js = jetstream::new(client);
+        let store = nats::workers_bucket(&js).await.unwrap();
+        let runtime = Runtime::new();
+        let heartbeat = Arc::new(Heartbeat {
+            worker_id: "w-test-1".into(),
+            host: "test-host".into(),
+            started_ms: 1,
+            runtime_kind: "torch".into(),
+            residency: Residency::new(
+                runtime.clone(),
+                12_345,
+                Arc::new(ArtifactCache::new(
+                    "unused-cache".into(),
+                    Source::Nats(js.clone()),
+                )),
+            ),
+            runtime,
+            statuses: Arc::default(),
+        });
+        let stop = CancellationToken::new();
+        let running =
+            tokio::spawn(heartbeat.run(store.clone(), Duration::from_millis(100), stop.clone()));
+
+        let beat = eventually(Duration::from_secs(5), "a heartbeat", || {
+            heartbeat_of(&store, "w-test-1")
+        })
+        .await;
+        assert_eq!(beat.worker_id, "w-test-1");
+        assert_eq!(beat.host, "test-host");
+        assert_eq!(beat.memory_budget, 12_345);
+        assert!(beat.loaded.is_empty() && beat.runtimes.is_empty());
+        let first_ts = beat.ts_ms;
+        let later = eventually(Duration::from_secs(5), "a later heartbeat", || async {
+            heartbeat_of(&store, "w-test-1")
+                .await
+                .filter(|b| b.ts_ms > first_ts)
+        })
+        .await;
+        assert!(later.ts_ms > first_ts);
+
+        stop.cancel();
+        running.await.unwrap();
+        assert!(store.get("w-test-1").await.unwrap().is_none());
+    }
+}

@@ -20,3 +20,5 @@ pub mod worker;
 
 #[cfg(test)]
 mod module_graph_test;
+#[cfg(test)]
+mod nats_server_test;

@@ -379,8 +379,16 @@ impl Payloads {
 
 #[cfg(test)]
 mod tests {
-    use super::{replicas_for, server_addrs, stream_config};
+    use std::time::Duration;
+
+    use async_nats::jetstream;
+
+    use super::{
+        consumer_differences, dlq_stream, placements_bucket, replicas_for, server_addrs,
+        stream_config, task_consumer, task_consumer_config, tasks_stream, workers_bucket,
+    };
     use crate::contract;
+    use crate::nats_server_test::NatsServer;
 
     #[test]
     fn the_streams_a_worker_creates_are_built_whole() {
@@ -416,5 +424,84 @@ mod tests {
         assert!(addrs[1].tls_required());
         assert!(server_addrs(" , ").is_err());
         assert!(server_addrs("nats://a:notaport").is_err());
+    }
+
+    /// What the sidecar creates when it starts first is what contract/shared.toml declares (the
+    /// Python side's twin: tests/test_gateway_nats_layout.py), and a consumer that exists with
+    /// other settings stands as it is.
+    #[tokio::test]
+    async fn the_layout_a_worker_creates_is_the_declared_one() {
+        let server = NatsServer::start();
+        let client = async_nats::connect(&server.url).await.unwrap();
+        let js = jetstream::new(client);
+        let declared = &contract::declared().nats;
+
+        let mut tasks = tasks_stream(&js).await.unwrap();
+        let config = tasks.info().await.unwrap().config.clone();
+        let rule = &declared.streams.tasks;
+        assert_eq!(config.name, rule.name);
+        assert_eq!(config.subjects, [format!("{}>", rule.subject_prefix)]);
+        assert_eq!(
+            config.retention,
+            jetstream::stream::RetentionPolicy::WorkQueue
+        );
+        assert_eq!(config.storage, jetstream::stream::StorageType::File);
+        assert_eq!(config.max_age, contract::seconds(rule.max_age_s));
+        assert_eq!(
+            Some(config.duplicate_window),
+            rule.duplicate_window_s.map(contract::seconds)
+        );
+        let mut dlq = dlq_stream(&js).await.unwrap();
+        let dlq = dlq.info().await.unwrap().config.clone();
+        assert_eq!(
+            (dlq.name.as_str(), dlq.max_age),
+            (
+                declared.streams.dlq.name.as_str(),
+                contract::seconds(declared.streams.dlq.max_age_s)
+            )
+        );
+        assert_eq!(dlq.retention, jetstream::stream::RetentionPolicy::Limits);
+
+        let workers = workers_bucket(&js).await.unwrap();
+        let status = workers.status().await.unwrap();
+        assert_eq!(
+            Some(status.max_age()),
+            declared.kv.workers.ttl_s.map(contract::seconds),
+            "heartbeats expire after the declared TTL, not a multiple of --heartbeat-ms"
+        );
+        assert_eq!(status.history(), declared.kv.workers.history);
+        let placements = placements_bucket(&js).await.unwrap();
+        assert_eq!(
+            placements.status().await.unwrap().history(),
+            declared.kv.placements.history
+        );
+
+        let rule = &declared.task_consumer;
+        let wanted = task_consumer_config(
+            "alpha",
+            contract::seconds(rule.ack_wait_s),
+            rule.max_deliver,
+        );
+        let mut consumer = task_consumer(&tasks, wanted.clone()).await.unwrap();
+        let info = consumer.info().await.unwrap().config.clone();
+        assert_eq!(info.durable_name.as_deref(), Some("task_alpha"));
+        assert_eq!(info.filter_subject, "tasks.alpha");
+        assert_eq!(info.ack_policy, jetstream::consumer::AckPolicy::Explicit);
+        assert_eq!(info.ack_wait, contract::seconds(rule.ack_wait_s));
+        assert_eq!(info.max_deliver, rule.max_deliver);
+        assert!(consumer_differences(&info, &wanted).is_empty());
+
+        // A second worker with other flags finds it and leaves it as it is.
+        let other = task_consumer_config("alpha", Duration::from_secs(60), 3);
+        let mut found = task_consumer(&tasks, other.clone()).await.unwrap();
+        let kept = found.info().await.unwrap().config.clone();
+        assert_eq!(
+            (kept.ack_wait, kept.max_deliver),
+            (info.ack_wait, info.max_deliver)
+        );
+        assert_eq!(
+            consumer_differences(&kept, &other),
+            ["ack_wait 10s, not 60s", "max_deliver 5, not 3"]
+        );
     }
 }

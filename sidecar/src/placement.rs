@@ -143,10 +143,17 @@ fn validate(key: &str, placement: &Placement) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use super::validate;
-    use crate::protocol::{ArtifactRef, Placement, RuntimeProfile};
+    use async_nats::jetstream;
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{validate, watch_placements};
+    use crate::nats;
+    use crate::nats_server_test::NatsServer;
+    use crate::protocol::{self, ArtifactRef, Placement, RuntimeProfile};
 
     fn placement(profiles: Vec<RuntimeProfile>) -> Placement {
         Placement {
@@ -254,5 +261,81 @@ mod tests {
         assert!(validate("area.shadow", &of_task("area", false)).is_err());
         assert!(validate("other.shadow", &of_task("area", true)).is_err());
         assert!(validate("a.b.shadow", &of_task("a.b", true)).is_err());
+    }
+
+    /// A placement of `task` at `epoch` as the registry publishes it (no runtime profiles).
+    fn placed(task: &str, epoch: u64, model_key: &str) -> Placement {
+        Placement {
+            task: task.into(),
+            epoch,
+            candidate: format!("cand-{epoch}"),
+            model_key: model_key.into(),
+            profiles: None,
+            ..placement(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn placement_watcher_follows_puts_deletes_and_ignores_stale_or_invalid() {
+        let server = NatsServer::start();
+        let client = async_nats::connect(&server.url).await.unwrap();
+        let js = jetstream::new(client);
+        let store = nats::placements_bucket(&js).await.unwrap();
+        // A placement written before the watcher starts is seen too.
+        let first = placed("faq", 3, "m1");
+        store
+            .put("faq", protocol::encode(&first).unwrap().into())
+            .await
+            .unwrap();
+
+        let (tx, mut rx) = watch::channel(Arc::default());
+        let stop = CancellationToken::new();
+        let watcher = tokio::spawn(watch_placements(store.clone(), tx, None, stop.clone()));
+        let seen = rx
+            .wait_for(|m| m.contains_key("faq"))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(seen["faq"], first);
+
+        let newer = placed("faq", 4, "m2");
+        store
+            .put("faq", protocol::encode(&newer).unwrap().into())
+            .await
+            .unwrap();
+        rx.wait_for(|m| m.get("faq").is_some_and(|p| p.epoch == 4))
+            .await
+            .unwrap();
+
+        // Entries arrive in order, so once the sentinel is seen the two before it were handled.
+        let stale = placed("faq", 2, "m0");
+        let invalid = placed("other-task", 9, "m9");
+        let sentinel = placed("zz-sentinel", 1, "m1");
+        for (key, value) in [
+            ("faq", &stale),
+            ("legal", &invalid),
+            ("zz-sentinel", &sentinel),
+        ] {
+            store
+                .put(key, protocol::encode(value).unwrap().into())
+                .await
+                .unwrap();
+        }
+        let seen = rx
+            .wait_for(|m| m.contains_key("zz-sentinel"))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(
+            seen["faq"], newer,
+            "an older epoch does not replace a newer one"
+        );
+        assert!(!seen.contains_key("legal"), "key/task mismatch is rejected");
+
+        store.delete("zz-sentinel").await.unwrap();
+        store.delete("faq").await.unwrap();
+        rx.wait_for(|m| m.is_empty()).await.unwrap();
+        stop.cancel();
+        watcher.await.unwrap();
     }
 }

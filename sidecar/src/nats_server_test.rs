@@ -1,4 +1,5 @@
-//! A real `nats-server` with JetStream for integration tests, on a free port, stopped on drop.
+//! A real `nats-server` with JetStream for the unit tests of the NATS-facing parts (heartbeat,
+//! placement watcher, layout), on a free port, stopped on drop.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
