@@ -17,8 +17,7 @@ import nats
 
 from serving import nats_layout
 from serving.embedded_nats import EmbeddedNats
-from serving.protocol import WorkerHeartbeat
-from serving.protocol.codec import from_wire, unpack
+from serving.fleet_watcher import decode_heartbeat
 from taskfleet.stack import find_sidecar_binary
 
 
@@ -62,7 +61,7 @@ def test_beats_without_a_runtime_and_stops_on_sigterm(
             assert sidecar.poll() is None, sidecar.communicate()[1].decode()
             assert time.monotonic() < deadline, "no heartbeat from the binary"
             time.sleep(0.1)
-        beat = from_wire(WorkerHeartbeat, unpack(value))
+        beat = decode_heartbeat(value)
         assert beat.worker_id == worker
         assert beat.memory_budget == 777, "the flag's environment fallback is used"
 

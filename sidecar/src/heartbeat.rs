@@ -139,8 +139,7 @@ mod tests {
     #[tokio::test]
     async fn heartbeat_is_put_under_the_worker_id_and_removed_on_stop() {
         let server = NatsServer::start();
-        let client = async_nats::connect(&server.url).await.unwrap();
-        let js = jetstream::new(client);
+        let js = server.jetstream().await;
         let store = nats::workers_bucket(&js).await.unwrap();
         let runtime = Runtime::new();
         let heartbeat = Arc::new(Heartbeat {

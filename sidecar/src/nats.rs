@@ -432,8 +432,7 @@ mod tests {
     #[tokio::test]
     async fn the_layout_a_worker_creates_is_the_declared_one() {
         let server = NatsServer::start();
-        let client = async_nats::connect(&server.url).await.unwrap();
-        let js = jetstream::new(client);
+        let js = server.jetstream().await;
         let declared = &contract::declared().nats;
 
         let mut tasks = tasks_stream(&js).await.unwrap();

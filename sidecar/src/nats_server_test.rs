@@ -55,6 +55,11 @@ impl NatsServer {
             _store: store,
         }
     }
+
+    /// A JetStream context on a new connection to this server.
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        async_nats::jetstream::new(async_nats::connect(&self.url).await.unwrap())
+    }
 }
 
 /// Whether a NATS server on `port` answers a connection with its `INFO` line.

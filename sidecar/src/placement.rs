@@ -146,7 +146,6 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use async_nats::jetstream;
     use tokio::sync::watch;
     use tokio_util::sync::CancellationToken;
 
@@ -278,8 +277,7 @@ mod tests {
     #[tokio::test]
     async fn placement_watcher_follows_puts_deletes_and_ignores_stale_or_invalid() {
         let server = NatsServer::start();
-        let client = async_nats::connect(&server.url).await.unwrap();
-        let js = jetstream::new(client);
+        let js = server.jetstream().await;
         let store = nats::placements_bucket(&js).await.unwrap();
         // A placement written before the watcher starts is seen too.
         let first = placed("faq", 3, "m1");
