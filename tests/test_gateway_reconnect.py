@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
+from serving.gateway.headers import HEADER_TIMEOUT
 from tests.gateway_fixture import expected_embedding, gateway_stack, serve_app
 from tests.nats_fixture import nats_available
 
@@ -69,5 +72,43 @@ def test_gateway_started_before_nats_becomes_ready_when_it_comes_up(tmp_path: Pa
             assert not_ready.json()["error"]["code"] == "NOT_READY"
             server.start()
             wait_for_status(url, 200)
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.skipif(not nats_available(), reason="nats-server binary not installed")
+def test_a_stalled_jetstream_that_never_acks_is_a_retryable_503(tmp_path: Path) -> None:
+    # A nats-server starved of CPU keeps its connections but acknowledges nothing in time
+    # (seen under stress: a 2 s deadline passed while the publish waited for its ack). Nothing
+    # the caller did is wrong and nothing ran: retry later, not a final 504.
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    # The live workers are read once and kept: the stall meets the publish, not that read.
+    settings = GatewaySettings(require_auth=False, workers_refresh_s=60, default_timeout_s=10)
+    try:
+        with gateway_stack(server.url, tmp_path / "gw", settings) as stack:
+            task = stack.task()
+            peer = stack.responder(task)
+            try:
+                first = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]})
+                assert first.status_code == 200, first.text
+                assert server.pid is not None
+                os.kill(server.pid, signal.SIGSTOP)
+                try:
+                    stalled = httpx.post(
+                        f"{stack.url}/v1/tasks/{task}",
+                        json={"inputs": ["x"]},
+                        headers={HEADER_TIMEOUT: "800"},
+                        timeout=30,
+                    )
+                finally:
+                    os.kill(server.pid, signal.SIGCONT)
+                assert stalled.status_code == 503, stalled.text
+                error = stalled.json()["error"]
+                assert error["code"] == "QUEUE_UNAVAILABLE", error
+                assert "acknowledge" in error["message"], error
+                assert int(stalled.headers["Retry-After"]) > 0
+            finally:
+                stack.loop.run(peer.stop())
     finally:
         server.cleanup()

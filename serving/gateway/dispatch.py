@@ -474,11 +474,21 @@ class Dispatcher:
 
         Retrying is safe: every attempt carries the same ``Nats-Msg-Id``, so the stream keeps
         one copy even when an earlier attempt was stored but its ack was lost in a reconnect.
+        A deadline that passes while JetStream leaves the attempts unacknowledged (a server
+        starved of CPU or stalled) is the queue's failure, not the caller's: a retryable 503,
+        as when NATS is down. A copy stored without its ack carries the passed deadline, and a
+        worker drops it unrun, so the caller's retry is not computed twice.
         """
+        attempted = False
         while True:
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and attempted:
+                raise self._queue_unavailable(
+                    "JetStream did not acknowledge the request before its deadline"
+                )
             if remaining <= 0:
                 raise DeadlineExceeded("the request could not be queued before its deadline")
+            attempted = True
             try:
                 await js.publish(
                     subject,
