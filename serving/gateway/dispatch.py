@@ -482,11 +482,11 @@ class Dispatcher:
         attempted = False
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 and attempted:
-                raise self._queue_unavailable(
-                    "JetStream did not acknowledge the request before its deadline"
-                )
             if remaining <= 0:
+                if attempted:
+                    raise self._queue_unavailable(
+                        "JetStream did not acknowledge the request before its deadline"
+                    )
                 raise DeadlineExceeded("the request could not be queued before its deadline")
             attempted = True
             try:
