@@ -57,6 +57,16 @@ def stack_file() -> Path:
     return get_settings().resolved_home / "run" / STACK_FILE
 
 
+def write_stack_state(path: Path, state: dict[str, Any]) -> None:
+    """Publish ``state`` at ``path`` whole or not at all: a reader polling for the file (a CLI
+    command looking for the running stack's NATS, a test, `taskfleet tune`) never sees it
+    created but still empty, as `write_text` would show it between truncate and write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(state))
+    os.replace(staging, path)
+
+
 def nats_url_or_none() -> str | None:
     """TASKFLEET_NATS_URL, else the NATS of a running `taskfleet up` on this home."""
     settings = get_settings()
@@ -461,8 +471,7 @@ def up(
     state = stack_file()
 
     def ready(urls: StackUrls) -> None:
-        state.parent.mkdir(parents=True, exist_ok=True)
-        state.write_text(json.dumps({**urls.__dict__, "pid": os.getpid()}))
+        write_stack_state(state, {**urls.__dict__, "pid": os.getpid()})
         out.print(f"gateway        {urls.gateway}   (POST /v1/tasks/<task>, /v1/embeddings)")
         out.print(f"control plane  {urls.control_plane}   (REST API, docs at /docs)")
         out.print(f"nats           {urls.nats}")

@@ -67,3 +67,33 @@ def test_placement_set_while_nats_is_down_stays_in_the_outbox(
     r = run_cli(home, "dlq", "replay", nats_url=down)
     assert r.returncode == 1 and "name dead letters by number or give --task" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_stack_file_is_never_seen_empty_or_half_written(tmp_path: Path) -> None:
+    """`taskfleet up` publishes stack.json while readers poll for it (`nats_url_or_none` in every
+    fleet command, `taskfleet tune`, scripts): a reader that finds the file parses it whole.
+    Written in place, a reader caught it between truncate and write and read "" (seen as a
+    JSONDecodeError in the `up` end-to-end test under load)."""
+    import threading
+
+    from taskfleet.cli_fleet import write_stack_state
+
+    path = tmp_path / "run" / "stack.json"
+    states = [{"nats": f"nats://127.0.0.1:{n}", "pad": "x" * 200_000} for n in range(200)]
+    done = threading.Event()
+    seen: list[str] = []
+
+    def write_all() -> None:
+        for state in states:
+            write_stack_state(path, state)
+        done.set()
+
+    writer = threading.Thread(target=write_all)
+    writer.start()
+    while not done.is_set():
+        if path.is_file():
+            seen.append(json.loads(path.read_text())["nats"])
+    writer.join()
+    assert seen, "the reader never found the file"
+    assert json.loads(path.read_text())["nats"] == states[-1]["nats"]
+    assert [p.name for p in path.parent.iterdir()] == ["stack.json"], "a staging file was left"
