@@ -33,3 +33,17 @@ class TrainingInterrupted(FinetuneError):
     """The run was stopped (Ctrl-C); nothing was registered."""
 
     code = "INTERRUPTED"
+
+
+def caused_by_ctrl_c(exc: BaseException) -> bool:
+    """Whether Ctrl-C raised ``exc``, also when Python passed it on wrapped: 3.11 re-raises an
+    exception from inside ``__set_name__`` (a dataclass being defined, e.g. while the training
+    libraries import) as a RuntimeError whose cause is the KeyboardInterrupt."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

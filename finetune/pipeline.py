@@ -31,7 +31,7 @@ from finetune.data import (
     load_rerank_groups,
     load_training_pairs,
 )
-from finetune.errors import FinetuneError, TrainingInterrupted
+from finetune.errors import FinetuneError, TrainingInterrupted, caused_by_ctrl_c
 from finetune.job import fit_linear_head, train_adapter, train_head_adapter
 from finetune.trainer import StepCallback, TrainingResult
 from finetune.training_run import TrainingRun
@@ -160,12 +160,12 @@ def finetune_lora(
                 training=record,
                 parent=request.parent,
             )
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not caused_by_ctrl_c(exc):
+            run.finish("FAILED")
+            raise
         run.finish("KILLED")
         raise TrainingInterrupted("training interrupted; nothing was registered") from None
-    except BaseException:
-        run.finish("FAILED")
-        raise
     candidate = reg.add_candidate(
         task.name, base=model.name, adapter=adapter.name, kind=MODEL_CANDIDATE[suite.kind]
     )
@@ -281,12 +281,12 @@ def finetune_head(
             run.log_metrics({"train_seconds": result.wall_seconds})
             run.log_adapter(path)
             adapter = reg.register_adapter(name, base=model.name, source_dir=path, training=record)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not caused_by_ctrl_c(exc):
+            run.finish("FAILED")
+            raise
         run.finish("KILLED")
         raise TrainingInterrupted("interrupted; nothing was registered") from None
-    except BaseException:
-        run.finish("FAILED")
-        raise
     candidate = reg.add_candidate(
         task.name, base=model.name, adapter=adapter.name, kind="classifier"
     )

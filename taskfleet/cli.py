@@ -219,3 +219,11 @@ def main() -> None:
     except _known_errors() as exc:
         err.print(f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
+    except Exception as exc:
+        # Ctrl-C that Python passed on wrapped (see caused_by_ctrl_c): still an interruption.
+        from finetune.errors import caused_by_ctrl_c
+
+        if not caused_by_ctrl_c(exc):
+            raise
+        err.print("interrupted; nothing half-written was recorded")
+        sys.exit(130)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from evals.suites import declare_builtin
+from finetune.errors import caused_by_ctrl_c
 from registry import Registry
 from tests.beir_fixture import build_beir
 
@@ -121,3 +122,24 @@ def test_ctrl_c_registers_nothing(home: Path) -> None:
     assert "nothing was registered" in err or "interrupted" in err
     assert "Traceback" not in err
     assert adapters(home) == []
+
+
+class _InterruptedWhileNamed:
+    def __set_name__(self, owner: type, name: str) -> None:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_that_python_wrapped_is_still_an_interruption() -> None:
+    # Python 3.11 re-raises what `__set_name__` raises (a dataclass field, while the training
+    # libraries import) as a RuntimeError caused by it: SIGINT landing there made the test above
+    # print a traceback instead of the one line.
+    caught: BaseException | None = None
+    try:
+        type("Owner", (), {"field": _InterruptedWhileNamed()})
+    except BaseException as exc:  # KeyboardInterrupt itself on a Python that does not wrap
+        caught = exc
+    assert caught is not None and caused_by_ctrl_c(caught)
+    try:
+        raise RuntimeError("wrapped") from ValueError("not an interruption")
+    except RuntimeError as exc:
+        assert not caused_by_ctrl_c(exc)
