@@ -6,7 +6,12 @@ plus score head (rerank), a classifier LoRA plus classify head (classification).
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType, TracebackType
 
 import typer
 from rich.progress import (
@@ -24,6 +29,50 @@ from taskfleet.context import get_settings, open_registry
 
 out = console()
 finetune_app = typer.Typer(help="Fine-tune adapters for a task.", no_args_is_help=True)
+
+
+class StopAtNextStep:
+    """Ctrl-C during `finetune lora` stops the run at the next training step or phase, raised
+    there as KeyboardInterrupt (the pipeline registers nothing and closes the run KILLED).
+
+    Raised wherever the signal lands, it could land inside a library: while the training
+    libraries import, in a dataclass's `__set_name__`, Python 3.11 re-raises it as a
+    RuntimeError, which a library's `except Exception` may swallow (training then ran on) or
+    which surfaced as a traceback. A second Ctrl-C interrupts at once, and so does the first
+    once the evaluation phase began (`deferring` off: an evaluation has no steps to wait for)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.deferring = True
+        self._restore: Callable[[], object] | None = None
+
+    def __enter__(self) -> StopAtNextStep:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+            if previous is not None:  # None: a handler not installed from Python
+                self._restore = lambda: signal.signal(signal.SIGINT, previous)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._restore is not None:
+            self._restore()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested or not self.deferring:
+            raise KeyboardInterrupt
+        self.requested = True
+        # A plain write: the handler may run in the middle of the progress bar's own output.
+        os.write(2, b"\nstopping at the next step (Ctrl-C again stops at once)\n")
+
+    def check(self) -> None:
+        """Raise the interruption here, at a point of our own, if Ctrl-C was pressed."""
+        if self.requested:
+            raise KeyboardInterrupt
 
 
 @finetune_app.command("lora")
@@ -145,15 +194,20 @@ def lora(
     )
     bar: list[TaskID] = []
 
+    stop = StopAtNextStep()
+
     def on_step(step: StepReport) -> None:
+        stop.check()
         if not bar:
             bar.append(progress.add_task("training", total=step.total_steps, loss="-"))
         progress.update(bar[0], completed=step.step, loss=f"{step.loss:.4f}")
 
     def on_phase(phase: str, detail: str) -> None:
+        stop.check()
+        stop.deferring = phase != "evaluate"
         progress.console.print(line(styled(f"{phase}:", "dim"), f" {detail}"), markup=False)
 
-    with progress:
+    with stop, progress:
         outcome = finetune_lora(
             open_registry(),
             request,
