@@ -6,6 +6,7 @@ plus score head (rerank), a classifier LoRA plus classify head (classification).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -67,7 +68,9 @@ class StopAtNextStep:
             raise KeyboardInterrupt
         self.requested = True
         # A plain write: the handler may run in the middle of the progress bar's own output.
-        os.write(2, b"\nstopping at the next step (Ctrl-C again stops at once)\n")
+        # A closed stderr must not raise here, wherever the handler runs.
+        with contextlib.suppress(OSError):
+            os.write(2, b"\nstopping at the next step (Ctrl-C again stops at once)\n")
 
     def check(self) -> None:
         """Raise the interruption here, at a point of our own, if Ctrl-C was pressed."""
