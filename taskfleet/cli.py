@@ -213,14 +213,11 @@ def main() -> None:
     app = build_app(word if word in GROUPS or word in COMMANDS else None)
     try:
         app()
-    except KeyboardInterrupt:
-        err.print("interrupted; nothing half-written was recorded")
-        sys.exit(130)
     except _known_errors() as exc:
         err.print(f"error: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
-    except Exception as exc:
-        # Ctrl-C that Python passed on wrapped (see caused_by_ctrl_c): still an interruption.
+    except (KeyboardInterrupt, Exception) as exc:
+        # Ctrl-C, also when Python passed it on wrapped (see caused_by_ctrl_c).
         from finetune.errors import caused_by_ctrl_c
 
         if not caused_by_ctrl_c(exc):
