@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from serving import nats_layout
 from testbed.faults.counting import Call, CountingClient, Tally
 from testbed.faults.injectors import freeze_runtime, kill_sidecar, wait_holding
 from testbed.faults.reference import Reference
@@ -77,11 +78,16 @@ def test_deadline_missed_because_of_a_crash_is_retryable(
     reference = Reference(tiny_model_path)
     reference.prepare(TEXTS)
     task = serve(fleet, tiny_model_path, prefix="crash")
-    # What the victim held comes back at the earliest ack_wait (5 s in the test fleet) less one
-    # progress-ack period (a third of it) after the kill: 3.3 s. A 2 s deadline has passed by
-    # then for every held call, however late before the kill it was sent (a deadline equal to
-    # ack_wait let a call sent just before the kill be answered in time, and the test fail).
-    tally = _stream_with_kill(fleet, task, reference, timeout_ms=2_000, restart=True)
+    # What the victim held comes back at the earliest ack_wait (the shipped one: these sidecars
+    # are not given --ack-wait-ms) less one progress-ack period (a third of it) after the kill.
+    # A deadline of half ack_wait has passed by then for every held call, however late before
+    # the kill it was sent, and leaves the freeze, the kill and the restart half an ack_wait to
+    # happen in before the first held call's deadline. A deadline that passes before the kill,
+    # or one of a call sent after the restart that a loaded fleet answers late, is rightly not
+    # retryable; a 2 s deadline left so little room that under stress load 4 calls of one run
+    # in two missed it so.
+    deadline_ms = int(nats_layout.ACK_WAIT_S * 1000 / 2)
+    tally = _stream_with_kill(fleet, task, reference, timeout_ms=deadline_ms, restart=True)
     summary = tally.summary()
     assert tally.lost == 0 and tally.wrong == 0, (tally.problems(), summary, fleet.logs())
     assert tally.answered == len(TEXTS), summary
