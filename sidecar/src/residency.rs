@@ -30,7 +30,13 @@ pub enum Readiness {
 enum Status {
     Loading,
     Loaded,
-    Failed { error: ErrorBody, retry_at: Instant },
+    /// Its unload is on the way to the runtime: no batch may take it any more (the runtime
+    /// would answer "not loaded"), and a demand for it waits until it is gone and loads it anew.
+    Unloading,
+    Failed {
+        error: ErrorBody,
+        retry_at: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -53,6 +59,46 @@ struct State {
     models: HashMap<String, Model>,
     /// Total runtime memory as last reported by `stats` (or summed from load replies).
     used: u64,
+}
+
+impl State {
+    /// Marks a loaded model busy; false when it is not loaded (or being unloaded).
+    fn take(&mut self, key: &str) -> bool {
+        let Some(model) = self.models.get_mut(key) else {
+            return false;
+        };
+        if !matches!(model.status, Status::Loaded) {
+            return false;
+        }
+        model.in_use += 1;
+        model.last_used = Instant::now();
+        true
+    }
+
+    /// Whether `key` is to be unloaded in the runtime: a loaded model that no batch holds is
+    /// marked `Unloading` in the same step, so no batch takes it between this check and the
+    /// runtime's unload. `None` when it must stay (a batch took it since it was chosen).
+    fn begin_unload(&mut self, key: &str) -> Option<bool> {
+        match self.models.get_mut(key) {
+            Some(model) if matches!(model.status, Status::Loaded) => {
+                if model.in_use > 0 {
+                    return None;
+                }
+                model.status = Status::Unloading;
+                Some(true)
+            }
+            _ => Some(false),
+        }
+    }
+
+    /// The runtime refused the unload: a model still marked `Unloading` serves again.
+    fn cancel_unload(&mut self, key: &str) {
+        if let Some(model) = self.models.get_mut(key) {
+            if matches!(model.status, Status::Unloading) {
+                model.status = Status::Loaded;
+            }
+        }
+    }
 }
 
 pub struct Residency {
@@ -156,6 +202,8 @@ impl Residency {
         model.last_used = Instant::now();
         let readiness = match &model.status {
             Status::Loaded => return Readiness::Ready,
+            // `unload` forgets it and notifies; the next demand loads it again.
+            Status::Unloading => return Readiness::Loading,
             Status::Loading => Readiness::Loading,
             Status::Failed { retry_at, .. } if Instant::now() >= *retry_at => {
                 model.status = Status::Loading;
@@ -173,13 +221,9 @@ impl Residency {
 
     /// Marks a loaded model busy for the life of the guard; `None` when it is not loaded.
     pub fn acquire(self: &Arc<Self>, key: &str) -> Option<InUse> {
-        let mut state = self.lock();
-        let model = state.models.get_mut(key)?;
-        if !matches!(model.status, Status::Loaded) {
+        if !self.lock().take(key) {
             return None;
         }
-        model.in_use += 1;
-        model.last_used = Instant::now();
         Some(InUse {
             residency: self.clone(),
             key: key.to_string(),
@@ -398,22 +442,21 @@ impl Residency {
         }
     }
 
-    /// Unloads a model and forgets it; false when the runtime refused.
+    /// Unloads a model and forgets it; false when the runtime refused or a batch took the
+    /// model since it was chosen.
     async fn unload(&self, key: &str) -> bool {
-        let loaded = {
-            let state = self.lock();
-            state
-                .models
-                .get(key)
-                .is_some_and(|m| matches!(m.status, Status::Loaded))
+        let Some(loaded) = self.lock().begin_unload(key) else {
+            return false;
         };
         if loaded {
-            let backend = match self.runtime.backend() {
-                Ok(backend) => backend,
-                Err(_) => return false,
+            let refused = match self.runtime.backend() {
+                Ok(backend) => backend.unload(key).await.err(),
+                Err(e) => Some(e),
             };
-            if let Err(e) = backend.unload(key).await {
+            if let Some(e) = refused {
                 tracing::warn!(model_key = %key, error = %e, "unload failed");
+                self.lock().cancel_unload(key);
+                self.notify();
                 return false;
             }
             tracing::info!(model_key = %key, "model unloaded");
@@ -503,5 +546,68 @@ impl Residency {
             tokio::spawn(self.clone().load(key));
         }
         self.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_with(key: &str, status: Status) -> State {
+        let mut state = State::default();
+        state.models.insert(
+            key.to_string(),
+            Model {
+                request: LoadRequest {
+                    id: 0,
+                    model_key: key.to_string(),
+                    base_path: "/models/m".into(),
+                    adapter_path: None,
+                    query_prefix: String::new(),
+                    passage_prefix: String::new(),
+                    max_seq_length: None,
+                    settings: None,
+                },
+                artifacts: Vec::new(),
+                estimate: 0,
+                pinned: false,
+                status,
+                bytes: 100,
+                last_used: Instant::now(),
+                in_use: 0,
+                loader_running: false,
+            },
+        );
+        state
+    }
+
+    #[test]
+    fn a_model_on_its_way_out_cannot_be_taken_by_a_batch() {
+        let mut state = state_with("m", Status::Loaded);
+        assert_eq!(state.begin_unload("m"), Some(true));
+        // Before: the model stayed `Loaded` while the runtime unloaded it, a batch took it in
+        // that gap and the runtime answered MODEL_NOT_LOADED (dead-lettered on a last delivery).
+        assert!(!state.take("m"));
+        assert_eq!(state.models["m"].in_use, 0);
+    }
+
+    #[test]
+    fn a_model_a_batch_took_since_it_was_chosen_stays() {
+        let mut state = state_with("m", Status::Loaded);
+        assert!(state.take("m"));
+        assert_eq!(state.begin_unload("m"), None);
+        assert!(matches!(state.models["m"].status, Status::Loaded));
+    }
+
+    #[test]
+    fn a_refused_unload_serves_again_and_unloaded_states_just_go() {
+        let mut state = state_with("m", Status::Loaded);
+        assert_eq!(state.begin_unload("m"), Some(true));
+        state.cancel_unload("m");
+        assert!(state.take("m"));
+        // Not loaded in the runtime: nothing to tell it, the entry is simply forgotten.
+        let mut loading = state_with("l", Status::Loading);
+        assert_eq!(loading.begin_unload("l"), Some(false));
+        assert_eq!(loading.begin_unload("absent"), Some(false));
     }
 }
