@@ -83,11 +83,14 @@ class RuntimeServer:
 
     async def serve(self) -> None:
         """Listen until a `shutdown` request or SIGTERM/SIGINT; removes the socket on exit."""
-        _clear_stale_socket(self.socket_path)
-        server = await asyncio.start_unix_server(self._connection, path=str(self.socket_path))
+        # The handlers before the socket: a SIGTERM sent as soon as the socket accepts (a
+        # supervisor stopping a runtime it just started) must stop it cleanly, not kill it
+        # with the socket left behind.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        _clear_stale_socket(self.socket_path)
+        server = await asyncio.start_unix_server(self._connection, path=str(self.socket_path))
         log.info("listening on %s", self.socket_path)
         try:
             await self._stop.wait()
