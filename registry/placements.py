@@ -33,23 +33,15 @@ class PlacementRepository:
     def list_placements(self) -> list[e.Placement]:
         """The newest placement of every task that has one."""
         with self.tx.read() as s:
-            newest = (
-                select(PlacementRow.task_id, func.max(PlacementRow.epoch).label("epoch"))
-                .group_by(PlacementRow.task_id)
-                .subquery()
-            )
-            rows = s.scalars(
-                select(PlacementRow).join(
-                    newest,
-                    (PlacementRow.task_id == newest.c.task_id)
-                    & (PlacementRow.epoch == newest.c.epoch),
-                )
-            )
-            return sorted((placement_entity(s, r) for r in rows), key=lambda p: p.task)
+            return newest_placements(s, unpublished_only=False)
 
     def unpublished_placements(self) -> list[e.Placement]:
-        """Newest placements the fleet has not been told about yet (the outbox)."""
-        return [p for p in self.list_placements() if p.published_at is None]
+        """Newest placements the fleet has not been told about yet (the outbox).
+
+        The publisher asks this every poll interval (0.5 s), so it is one query whose rows
+        are only the pending placements: an idle control plane reads nothing per task."""
+        with self.tx.read() as s:
+            return newest_placements(s, unpublished_only=True)
 
     def mark_published(self, task: str, epoch: int) -> None:
         with self.tx.write() as s:
@@ -142,13 +134,40 @@ def write_epoch(
     return row
 
 
+def newest_placements(s: Session, *, unpublished_only: bool) -> list[e.Placement]:
+    """Each task's newest placement (only those not yet published, when asked), by task name:
+    one query with the task and candidate names joined, whatever the number of tasks."""
+    newest = (
+        select(PlacementRow.task_id, func.max(PlacementRow.epoch).label("epoch"))
+        .group_by(PlacementRow.task_id)
+        .subquery()
+    )
+    query = (
+        select(PlacementRow, TaskRow.name, CandidateRow.name)
+        .join(
+            newest,
+            (PlacementRow.task_id == newest.c.task_id) & (PlacementRow.epoch == newest.c.epoch),
+        )
+        .join(TaskRow, TaskRow.id == PlacementRow.task_id)
+        .join(CandidateRow, CandidateRow.id == PlacementRow.candidate_id)
+        .order_by(TaskRow.name)
+    )
+    if unpublished_only:
+        query = query.where(PlacementRow.published_at.is_(None))
+    return [placement_of(r, task, candidate) for r, task, candidate in s.execute(query)]
+
+
 def placement_entity(s: Session, r: PlacementRow) -> e.Placement:
     task = s.get(TaskRow, r.task_id)
     cand = s.get(CandidateRow, r.candidate_id)
+    return placement_of(r, task.name if task else "?", cand.name if cand else "?")
+
+
+def placement_of(r: PlacementRow, task: str, candidate: str) -> e.Placement:
     return e.Placement(
         r.id,
-        task.name if task else "?",
-        cand.name if cand else "?",
+        task,
+        candidate,
         r.epoch,
         r.pinned,
         r.replicas,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from registry import AlreadyExists, ArtifactError, InvalidInput, LineageError, NotFound, Registry
 from registry.entities import EvalRunCreate, TrainingRecord
@@ -186,6 +186,55 @@ def test_eval_runs_and_placements(seeded: Registry) -> None:
                 "legal", "base-a", "s", "1", "d", "eval", "mrr", {"ndcg": 1.0}, {}, {}, {"q": 1.0}
             )
         )
+
+
+def test_the_placement_outbox_is_one_query_whatever_the_number_of_tasks(
+    seeded: Registry,
+) -> None:
+    """The publisher reads the outbox every poll interval: it must cost one query, not one
+    (or two) per placed task, and hold only each task's newest placement not yet published."""
+    tasks = [f"legal-{i}" for i in range(6)]
+    for task in tasks:
+        add_task(seeded, task, suite="legal-suite")
+        seeded.add_candidate(task, base="base-a")
+        seeded.record_eval_run(
+            EvalRunCreate(
+                task,
+                "base-a",
+                "legal-suite",
+                "1",
+                fake_fingerprint("legal-suite"),
+                "eval",
+                "ndcg_at_10",
+                {"ndcg_at_10": 0.5},
+                {},
+                {},
+                {"q1": 0.5},
+            )
+        )
+        seeded.promote(task, "base-a", pinned=True)
+        if task != "legal-2":
+            seeded.mark_published(task, 1)
+    seeded.update_placement("legal-4", replicas=2)  # epoch 2 over a published epoch 1
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append(statement)
+
+    event.listen(seeded.tx.engine, "before_cursor_execute", count)
+    try:
+        outbox = seeded.unpublished_placements()
+    finally:
+        event.remove(seeded.tx.engine, "before_cursor_execute", count)
+    assert [(p.task, p.epoch, p.candidate) for p in outbox] == [
+        ("legal-2", 1, "base-a"),
+        ("legal-4", 2, "base-a"),
+    ]
+    assert len(statements) == 1, statements
+    placed = seeded.list_placements()
+    assert [(p.task, p.epoch) for p in placed] == [(t, 2 if t == "legal-4" else 1) for t in tasks]
+    assert [p.published_at is None for p in placed] == [t in ("legal-2", "legal-4") for t in tasks]
 
 
 def test_audit_log_records_every_write(seeded: Registry) -> None:
