@@ -62,16 +62,26 @@ def runtime_pid(sidecar: SidecarProcess, timeout_s: float = 60.0) -> int:
     return wait_until(probe, timeout_s=timeout_s)
 
 
-def holds_messages(fleet: LocalFleet, sidecar: SidecarProcess, task: str) -> bool:
+def holds_messages(
+    fleet: LocalFleet, sidecar: SidecarProcess, task: str, since_ms: int = 0
+) -> bool:
+    """Whether the worker's heartbeat, stamped at ``since_ms`` (unix ms) or later, says it
+    holds messages of ``task`` (pulled, not settled)."""
     beat = fleet.heartbeat(sidecar.worker_id)
-    return beat is not None and beat.queue_depth.get(task, 0) > 0
+    return beat is not None and beat.ts_ms >= since_ms and beat.queue_depth.get(task, 0) > 0
 
 
 def wait_holding(
     fleet: LocalFleet, sidecar: SidecarProcess, task: str, timeout_s: float = 30.0
 ) -> None:
-    """Until the worker's heartbeat says it holds messages of ``task`` (pulled, not settled)."""
-    wait_until(lambda: holds_messages(fleet, sidecar, task), timeout_s=timeout_s, every_s=0.02)
+    """Until a heartbeat the worker made after this call began says it holds messages of
+    ``task``. Called after ``freeze_runtime``, what it saw held stays held until the kill. A
+    heartbeat from before the freeze could count messages the runtime answered just before it
+    stopped: a kill on that word found the worker holding nothing (seen once under stress)."""
+    since_ms = int(time.time() * 1000)
+    wait_until(
+        lambda: holds_messages(fleet, sidecar, task, since_ms), timeout_s=timeout_s, every_s=0.02
+    )
 
 
 def kill_sidecar(sidecar: SidecarProcess, *, restart: bool = False) -> Window:
