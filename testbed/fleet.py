@@ -22,7 +22,7 @@ from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats, EmbeddedNatsCluster, free_port
 from serving.fleet_watcher import FleetWatcher, decode_heartbeat
 from serving.machine import machine_class as this_machine
-from serving.nats_layout import ensure_layout
+from serving.nats_layout import WORKERS_BUCKET, ensure_layout
 from serving.publisher import PlacementPublisher
 from taskfleet.stack import SidecarProcess, find_sidecar_binary, runtime_args
 from testbed.declared_tasks import add_task
@@ -364,7 +364,10 @@ async def _heartbeat(url: str, worker_id: str) -> p.WorkerHeartbeat | None:
 
     nc = await nats.connect(url)
     try:
-        kv = (await ensure_layout(nc.jetstream())).workers
+        # Bind the bucket (one request), not ensure_layout (a dozen): this is polled every
+        # few ms, and under load that many API requests a poll slowed the server's answers to
+        # everyone past their timeouts.
+        kv = await nc.jetstream().key_value(WORKERS_BUCKET)
         try:
             entry = await kv.get(worker_id)
         except (KeyNotFoundError, KeyDeletedError):
@@ -378,7 +381,7 @@ async def read_heartbeats(url: str) -> dict[str, p.WorkerHeartbeat]:
     """Every worker's current heartbeat in KV `workers` (a watch read up to now)."""
     nc = await nats.connect(servers=url.split(","))
     try:
-        kv = (await ensure_layout(nc.jetstream())).workers
+        kv = await nc.jetstream().key_value(WORKERS_BUCKET)
         beats: dict[str, p.WorkerHeartbeat] = {}
         watcher = await kv.watchall(ignore_deletes=True)
         while (entry := await watcher.updates(timeout=2.0)) is not None:
