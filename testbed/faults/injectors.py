@@ -62,9 +62,7 @@ def runtime_pid(sidecar: SidecarProcess, timeout_s: float = 60.0) -> int:
     return wait_until(probe, timeout_s=timeout_s)
 
 
-def holds_messages(
-    fleet: LocalFleet, sidecar: SidecarProcess, task: str, since_ms: int = 0
-) -> bool:
+def holds_messages(fleet: LocalFleet, sidecar: SidecarProcess, task: str, since_ms: int) -> bool:
     """Whether the worker's heartbeat, stamped at ``since_ms`` (unix ms) or later, says it
     holds messages of ``task`` (pulled, not settled)."""
     beat = fleet.heartbeat(sidecar.worker_id)
