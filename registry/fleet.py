@@ -32,13 +32,14 @@ class FleetRepository:
         whole fleet); default now.
 
         Heartbeats arrive every few seconds per worker, so they are deliberately not written
-        to the audit log (it records acts of people and promotions, not liveness).
+        to the audit log (it records acts of people and promotions, not liveness), nor rung
+        as commits (the fleet mirror's writes change nothing the publisher publishes).
         """
         if not report.worker_id or len(report.worker_id) > 128:
             raise InvalidInput("worker id must be 1 to 128 characters")
         if report.memory_used < 0 or report.memory_budget < 0:
             raise InvalidInput("worker memory figures must be >= 0")
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             row = s.scalar(select(WorkerRow).where(WorkerRow.worker_id == report.worker_id))
             if row is None:
                 row = WorkerRow(worker_id=report.worker_id)
@@ -66,7 +67,7 @@ class FleetRepository:
         """Flag workers silent since ``seen_before``, or the named ones; returns the ids flagged."""
         if seen_before is None and worker_ids is None:
             raise InvalidInput("give seen_before or worker_ids")
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             query = select(WorkerRow.worker_id).where(WorkerRow.reachable.is_(True))
             if seen_before is not None:
                 query = query.where(WorkerRow.seen_at < seen_before)
@@ -81,7 +82,7 @@ class FleetRepository:
 
     def forget_workers(self, seen_before: datetime) -> list[str]:
         """Delete unreachable workers not heard of since ``seen_before`` (retired machines)."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             rows = list(
                 s.scalars(
                     select(WorkerRow).where(

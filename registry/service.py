@@ -11,6 +11,7 @@ Callers that need only part of it type against the narrower views in `registry/s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -87,6 +88,9 @@ class Registry(AbstractStore):
 
     def audit_log(self, limit: int = 100) -> list[e.AuditEntry]:
         return self.tx.audit_log(limit)
+
+    def subscribe_commits(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.tx.commits.subscribe(callback)
 
     # ---- suite versions ----------------------------------------------------------------
     def add_suite(self, suite: e.SuiteCreate) -> tuple[e.Suite, bool]:

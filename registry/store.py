@@ -92,6 +92,17 @@ class PlacementOutbox(ABC):
     def mark_published(self, task: str, epoch: int) -> None: ...
 
 
+class CommitSource(ABC):
+    """Word that the registry changed, for a reader in the same process that would otherwise
+    wait for its next poll (the publisher). Writers in other processes are not heard: a
+    reader still polls."""
+
+    @abstractmethod
+    def subscribe_commits(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (in the writer's thread; quick, never raising) after each write
+        that may change what is published; returns the function that unsubscribes it."""
+
+
 class KeyDigestSource(ABC):
     """API keys as gateways verify them: digests, never tokens."""
 
@@ -156,7 +167,12 @@ class ShadowReader(ABC):
 
 
 class PublisherStore(
-    CatalogReader, PlacementOutbox, ShadowOutbox, ProductionSettingsReader, KeyDigestSource
+    CatalogReader,
+    PlacementOutbox,
+    ShadowOutbox,
+    ProductionSettingsReader,
+    KeyDigestSource,
+    CommitSource,
 ):
     """What the placement and directory publisher reads (``serving/publisher.py``,
     ``serving/directory.py``)."""

@@ -9,11 +9,17 @@ Who acts travels with it: the actor named in audit and promotion rows, and the r
 rule-bound operations (promotion) check. Local users of the CLI hold the database itself, so
 they act as admin; REST and dashboard users get the roles of their API key
 (``Registry.as_actor`` -> ``acting_as``), over the same session factory.
+
+A write that committed rings ``commits`` (shared by every actor of one registry): the placement
+publisher in the same process publishes what a promotion placed at once instead of at its next
+poll. Writes nobody publishes (the fleet mirror's worker reports) pass ``signal=False``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,6 +31,39 @@ from registry import entities as e
 from registry.errors import AlreadyExists, DatabaseError, InvalidInput
 from registry.models import AuditRow
 
+log = logging.getLogger(__name__)
+
+
+class CommitSignal:
+    """Callbacks run after each signalled write commits, in the writer's thread; each must be
+    quick and must not raise (a failing one is logged, the write stands)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` after every signalled commit, until the returned function is
+        called."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def ring(self) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a commit callback failed")
+
 
 class Transactions:
     def __init__(
@@ -34,15 +73,19 @@ class Transactions:
         actor: str = "system",
         roles: tuple[str, ...] = ("admin",),
         sessions: sessionmaker[Session] | None = None,
+        commits: CommitSignal | None = None,
     ) -> None:
         self.engine = engine
         self.actor = actor
         self.roles = roles
         self.sessions = sessions or sessionmaker(engine, expire_on_commit=False)
+        self.commits = commits or CommitSignal()
 
     def acting_as(self, actor: str, roles: tuple[str, ...]) -> Transactions:
-        """The same database (and session factory) for another actor."""
-        return Transactions(self.engine, actor=actor, roles=roles, sessions=self.sessions)
+        """The same database (session factory, commit signal) for another actor."""
+        return Transactions(
+            self.engine, actor=actor, roles=roles, sessions=self.sessions, commits=self.commits
+        )
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -55,8 +98,9 @@ class Transactions:
             raise DatabaseError(f"database error: {exc.orig}") from None
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """One transaction: everything in it commits together or not at all."""
+    def write(self, *, signal: bool = True) -> Iterator[Session]:
+        """One transaction: everything in it commits together or not at all. Once committed,
+        ``commits`` rings unless ``signal`` is False."""
         try:
             with self.sessions() as session, session.begin():
                 yield session
@@ -67,6 +111,8 @@ class Transactions:
             raise InvalidInput(f"a value the database cannot hold ({_first_line(exc)})") from None
         except OperationalError as exc:
             raise DatabaseError(f"database error: {exc.orig}") from None
+        if signal:
+            self.commits.ring()
 
     def audit(
         self,

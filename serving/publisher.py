@@ -271,7 +271,11 @@ async def publish_everything(
 
 class PlacementPublisher:
     """The outbox loop: polls the registry, publishes placements (and keeps KV `directory`
-    equal to the registry's tasks and keys), backs off while anything is down."""
+    equal to the registry's tasks and keys), backs off while anything is down.
+
+    A write committed by this process's registry (a promotion through REST, the dashboard or
+    the CLI of ``taskfleet up``) starts the next pass at once; writes from other processes are
+    seen at the next poll."""
 
     def __init__(
         self,
@@ -292,10 +296,12 @@ class PlacementPublisher:
         self.poll_interval_s = poll_interval_s
         self.max_backoff_s = max_backoff_s
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # a commit, or stop: the next pass starts now
         self._reported_failures: set[tuple[str, int]] = set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     async def run(self, nc: NATS | None = None) -> None:
         """Until :meth:`stop`: connect (retrying), then publish every poll interval. On a
@@ -306,6 +312,13 @@ class PlacementPublisher:
         if nc is None:
             return
         backoff = self.poll_interval_s
+        loop = asyncio.get_running_loop()
+
+        def committed() -> None:  # in the writer's thread: hand the word to this loop
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._wake.set)
+
+        unsubscribe = self.registry.subscribe_commits(committed)
         try:
             while not self._stop.is_set():
                 try:
@@ -314,17 +327,20 @@ class PlacementPublisher:
                     bucket = bucket_for(self.artifact_source, layout.artifacts)
                     known: dict[str, bytes] | None = None  # read afresh after every failure
                     while not self._stop.is_set():
+                        self._wake.clear()  # a commit from here on gets a pass of its own
                         self._log(await publish_pending(self.registry, layout.placements, bucket))
                         if self.directory:
                             desired = await asyncio.to_thread(desired_entries, self.registry)
                             known = await publish_directory(js, layout.directory, desired, known)
                         backoff = self.poll_interval_s
-                        await self._sleep(self.poll_interval_s)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
                 except (NatsError, OSError, TimeoutError, RegistryError) as exc:
                     log.warning("publisher: %s; retrying in %.1fs", _describe(exc), backoff)
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, self.max_backoff_s)
         finally:
+            unsubscribe()
             if own:
                 await nc.close()
 

@@ -154,6 +154,34 @@ def test_publisher_waits_out_a_nats_outage(
     asyncio.run(scenario())
 
 
+def test_a_placement_committed_in_this_process_is_published_before_the_next_poll(
+    nats_server: EmbeddedNats, sqlite_registry: Registry, tiny_model_path: Path
+) -> None:
+    """The publisher polls once a minute here, yet what this process's registry commits
+    reaches KV within seconds: the commit signal starts the next pass at once."""
+    first, second = unique_task(), unique_task()
+    register_served_task(sqlite_registry, first, tiny_model_path)
+
+    async def scenario() -> None:
+        publisher = PlacementPublisher(sqlite_registry, nats_server.url, poll_interval_s=60)
+        running = asyncio.create_task(publisher.run())
+        try:
+            # The first pass (at start) published the first task; the next poll is a minute
+            # away.
+            await eventually(lambda: _kv_value(nats_server.url, first), timeout_s=20)
+            register_served_task(sqlite_registry, second, tiny_model_path)
+            began = time.monotonic()
+            value = await eventually(lambda: _kv_value(nats_server.url, second), timeout_s=15)
+            assert value.epoch == 1
+            assert time.monotonic() - began < 15
+            await eventually(lambda: _async(not sqlite_registry.unpublished_placements()))
+        finally:
+            publisher.stop()
+            await asyncio.wait_for(running, 10)
+
+    asyncio.run(scenario())
+
+
 async def _async(value: bool) -> bool:
     return value
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import event, func, select
 
 from registry import AlreadyExists, ArtifactError, InvalidInput, LineageError, NotFound, Registry
-from registry.entities import EvalRunCreate, TrainingRecord
+from registry.entities import EvalRunCreate, TrainingRecord, WorkerReport
 from registry.models import AdapterRow, AuditRow, BaseModelRow, CandidateRow
 from testbed.declared_tasks import add_task, fake_fingerprint
 
@@ -235,6 +236,51 @@ def test_the_placement_outbox_is_one_query_whatever_the_number_of_tasks(
     placed = seeded.list_placements()
     assert [(p.task, p.epoch) for p in placed] == [(t, 2 if t == "legal-4" else 1) for t in tasks]
     assert [p.published_at is None for p in placed] == [t in ("legal-2", "legal-4") for t in tasks]
+
+
+def test_a_committed_write_rings_the_commit_signal_and_the_fleet_mirror_does_not(
+    seeded: Registry,
+) -> None:
+    """The publisher in the same process wakes on the signal: every actor's committed write
+    rings it once; a refused write, the fleet watcher's worker reports and the publisher's own
+    published marks do not (they would wake it every flush for nothing)."""
+    rings: list[str] = []
+    unsubscribe = seeded.subscribe_commits(lambda: rings.append("ring"))
+    seeded.add_candidate("legal", base="base-a")
+    assert rings == ["ring"]
+    with pytest.raises(AlreadyExists):
+        seeded.add_candidate("legal", base="base-a")
+    assert rings == ["ring"]
+    seeded.as_actor("lead", ("admin",)).add_candidate("legal", base="base-b")
+    assert rings == ["ring", "ring"]
+    seeded.record_eval_run(
+        EvalRunCreate(
+            "legal",
+            "base-a",
+            "legal-suite",
+            "1",
+            fake_fingerprint("legal-suite"),
+            "eval",
+            "ndcg_at_10",
+            {"ndcg_at_10": 0.5},
+            {},
+            {},
+            {"q1": 0.5},
+        )
+    )
+    seeded.promote("legal", "base-a", pinned=True)
+    rung = len(rings)
+    seeded.mark_published("legal", 1)
+    now = datetime.now(UTC)
+    seeded.record_worker_report(
+        WorkerReport("w1", "h1", now, [], 0, 20, {}, ["torch"], {"legal": 1}, {}), seen_at=now
+    )
+    seeded.mark_workers_unreachable(worker_ids=["w1"])
+    seeded.forget_workers(now + timedelta(seconds=1))
+    assert len(rings) == rung
+    unsubscribe()
+    seeded.update_placement("legal", replicas=2)
+    assert len(rings) == rung
 
 
 def test_audit_log_records_every_write(seeded: Registry) -> None:
