@@ -273,9 +273,9 @@ class PlacementPublisher:
     """The outbox loop: polls the registry, publishes placements (and keeps KV `directory`
     equal to the registry's tasks and keys), backs off while anything is down.
 
-    A write committed by this process's registry (a promotion through REST, the dashboard or
-    the CLI of ``taskfleet up``) starts the next pass at once; writes from other processes are
-    seen at the next poll."""
+    A write committed by this process's registry (a promotion through the REST API or the
+    dashboard of ``taskfleet serve`` or ``up``) starts the next pass at once; writes from other
+    processes (the CLI) are seen at the next poll."""
 
     def __init__(
         self,
