@@ -33,6 +33,23 @@ def training(split: str = "dev") -> TrainingRecord:
     return TrainingRecord("f" * 64, split, {"r": 4}, 7, "test", suite="s")
 
 
+def one_query_eval(task: str) -> EvalRunCreate:
+    """base-a's eval run on legal-suite: nDCG@10 0.5 on one query."""
+    return EvalRunCreate(
+        task,
+        "base-a",
+        "legal-suite",
+        "1",
+        fake_fingerprint("legal-suite"),
+        "eval",
+        "ndcg_at_10",
+        {"ndcg_at_10": 0.5},
+        {},
+        {},
+        {"q1": 0.5},
+    )
+
+
 def counts(reg: Registry) -> dict[str, int]:
     with reg.tx.read() as s:
         return {
@@ -198,21 +215,7 @@ def test_the_placement_outbox_is_one_query_whatever_the_number_of_tasks(
     for task in tasks:
         add_task(seeded, task, suite="legal-suite")
         seeded.add_candidate(task, base="base-a")
-        seeded.record_eval_run(
-            EvalRunCreate(
-                task,
-                "base-a",
-                "legal-suite",
-                "1",
-                fake_fingerprint("legal-suite"),
-                "eval",
-                "ndcg_at_10",
-                {"ndcg_at_10": 0.5},
-                {},
-                {},
-                {"q1": 0.5},
-            )
-        )
+        seeded.record_eval_run(one_query_eval(task))
         seeded.promote(task, "base-a", pinned=True)
         if task != "legal-2":
             seeded.mark_published(task, 1)
@@ -253,21 +256,7 @@ def test_a_committed_write_rings_the_commit_signal_and_the_fleet_mirror_does_not
     assert rings == ["ring"]
     seeded.as_actor("lead", ("admin",)).add_candidate("legal", base="base-b")
     assert rings == ["ring", "ring"]
-    seeded.record_eval_run(
-        EvalRunCreate(
-            "legal",
-            "base-a",
-            "legal-suite",
-            "1",
-            fake_fingerprint("legal-suite"),
-            "eval",
-            "ndcg_at_10",
-            {"ndcg_at_10": 0.5},
-            {},
-            {},
-            {"q1": 0.5},
-        )
-    )
+    seeded.record_eval_run(one_query_eval("legal"))
     seeded.promote("legal", "base-a", pinned=True)
     rung = len(rings)
     seeded.mark_published("legal", 1)
