@@ -29,7 +29,7 @@ class LiveItemRepository:
         recorded once: a redelivered message changes nothing)."""
         if item.index < 0:
             raise InvalidInput("an input index is 0 or more")
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             task_row = get_task_row(s, item.task)
             exists = s.scalar(
                 select(LiveItemRow.id).where(
@@ -81,7 +81,7 @@ class LiveItemRepository:
     def mark_live_items_cut(self, task: str, item_ids: list[int], suite_version: int) -> int:
         """Note the live version that first holds these items; returns how many were new to
         one."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             task_row = get_task_row(s, task)
             version = s.scalar(
                 select(SuiteRow).where(

@@ -87,7 +87,7 @@ class ReevaluationRepository:
     ) -> list[e.Reevaluation]:
         """Queue every stale (pairing, split) not queued, run or failed on this version yet;
         returns what was queued now."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             task_row = get_task_row(s, task)
             suite = newest_suite_row(s, task_row.suite)
             if suite is None:
@@ -125,7 +125,7 @@ class ReevaluationRepository:
         """The oldest queued re-evaluation on a live split, else the oldest queued one, marked
         running; None when the queue is empty. Live splits go first across tasks too: one
         task's test-split refresh does not hold up what another task's traffic just taught."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             live_first = case((SuiteRow.live_split == ReevaluationRow.split, 0), else_=1)
             row = s.scalar(
                 select(ReevaluationRow)
@@ -143,7 +143,7 @@ class ReevaluationRepository:
     def finish_reevaluation(
         self, reevaluation_id: int, *, eval_run_id: int | None = None, error: str | None = None
     ) -> e.Reevaluation:
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             row = s.get(ReevaluationRow, reevaluation_id)
             if row is None:
                 raise NotFound(f"unknown re-evaluation {reevaluation_id}")
@@ -155,7 +155,7 @@ class ReevaluationRepository:
 
     def requeue_interrupted(self) -> int:
         """Put back in the queue what a control plane left running (it died meanwhile)."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             rows = list(
                 s.scalars(select(ReevaluationRow).where(ReevaluationRow.state == "running"))
             )

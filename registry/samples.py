@@ -35,7 +35,7 @@ class SampleRepository:
         kept (a redelivered record)."""
         if sample.inputs < 1 or len(sample.lengths) != sample.inputs:
             raise InvalidInput("a sample needs one length per input")
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             task_row = get_task_row(s, sample.task)
             if s.scalar(select(SampleRow.id).where(SampleRow.request_id == sample.request_id)):
                 return False
@@ -66,7 +66,7 @@ class SampleRepository:
         kept yet, or pruned). A second outcome for one request changes nothing."""
         if outcome.outcome not in SHADOW_OUTCOMES:
             raise InvalidInput(f"unknown shadow outcome {outcome.outcome!r}")
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             row = s.scalar(select(SampleRow).where(SampleRow.request_id == outcome.request_id))
             if row is None:
                 return False
@@ -125,7 +125,7 @@ class SampleRepository:
         return summarise(task, shadow, rows, buckets)
 
     def record_drift_window(self, window: e.DriftWindowCreate) -> e.DriftWindow:
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             task_row = get_task_row(s, window.task)
             row = DriftWindowRow(
                 task_id=task_row.id,
@@ -161,7 +161,7 @@ class SampleRepository:
 
     def prune_samples(self, *, now: datetime | None = None) -> int:
         """Delete the samples whose task's retention has passed; returns how many."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             result = s.execute(delete(SampleRow).where(SampleRow.expires_at < (now or utcnow())))
             return int(getattr(result, "rowcount", 0) or 0)
 

@@ -36,7 +36,7 @@ class DashboardSessionRepository:
             raise InvalidInput("a session must last more than 0 s")
         token = secrets.token_urlsafe(32)
         now = utcnow()
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             key = s.scalar(select(ApiKeyRow).where(ApiKeyRow.name == key_name))
             if key is None:
                 raise NotFound(f"unknown api key {key_name!r}")
@@ -76,7 +76,7 @@ class DashboardSessionRepository:
 
     def end_session(self, token: str) -> None:
         """Log out: the session's cookie no longer signs anyone in. Unknown tokens: nothing."""
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             session = s.scalar(
                 select(DashboardSessionRow).where(DashboardSessionRow.token_hash == _hash(token))
             )

@@ -161,7 +161,7 @@ class ShadowRepository:
             return sorted((shadow_entity(s, r) for r in rows), key=lambda x: x.task)
 
     def mark_shadow_published(self, task: str, epoch: int) -> None:
-        with self.tx.write() as s:
+        with self.tx.write(signal=False) as s:
             row = s.scalar(
                 select(ShadowRow).where(
                     ShadowRow.task_id == get_task_row(s, task).id, ShadowRow.epoch == epoch

@@ -12,7 +12,9 @@ they act as admin; REST and dashboard users get the roles of their API key
 
 A write that committed rings ``commits`` (shared by every actor of one registry): the placement
 publisher in the same process publishes what a promotion placed at once instead of at its next
-poll. Writes nobody publishes (the fleet mirror's worker reports) pass ``signal=False``.
+poll. Writes nobody publishes pass ``signal=False``: the fleet mirror's worker reports, the
+publisher's own marks, and what traffic writes (samples, feedback, sessions, re-evaluation
+queue), which would otherwise wake it once per sampled request.
 """
 
 from __future__ import annotations

@@ -295,3 +295,33 @@ def test_every_metric_the_alert_rules_name_is_served(registry: Registry, tmp_pat
     assert "taskfleet_production_drifted" in named
     served = production_metrics.render(registry, lambda task: True).decode()
     assert {name for name in named if f"# TYPE {name} gauge" not in served} == set()
+
+
+def test_traffic_writes_do_not_ring_the_commit_signal(registry: Registry, tmp_path: Path) -> None:
+    """The publisher in the same process passes on every signalled commit: a shadow it must
+    publish rings; the writes each served request, feedback and login make (samples, shadow
+    outcomes, live items, sessions, re-evaluation queue) and its own published marks do not, or
+    sampled traffic would keep it passing back to back."""
+    _seed(registry, tmp_path)
+    record_run(registry, "legal", "a", 0.3)
+    registry.promote("legal", "a", reason="first")
+    registry.create_api_key("lead", roles=["admin"])
+    rings: list[str] = []
+    unsubscribe = registry.subscribe_commits(lambda: rings.append("ring"))
+    try:
+        registry.start_shadow("legal", "b", sample_rate=1.0)
+        assert rings == ["ring"]
+        for shadow in registry.unpublished_shadows():
+            registry.mark_shadow_published(shadow.task, shadow.epoch)
+        assert registry.record_sample(_sample("r1"))
+        assert registry.record_shadow_outcome(e.ShadowOutcome("r1", "ok", agreement=[1.0, 1.0]))
+        item = e.LiveItemCreate("legal", "r1", 0, {"query": "q", "relevant_ids": ["d1"]}, key="app")
+        assert registry.add_live_item(item) is not None
+        registry.end_session(registry.start_session("lead", max_age_s=60))
+        registry.queue_stale("legal")
+        while (queued := registry.next_reevaluation()) is not None:
+            registry.finish_reevaluation(queued.id, error="not run in this test")
+        registry.prune_samples(now=datetime.now(UTC) + timedelta(days=8))
+        assert rings == ["ring"]
+    finally:
+        unsubscribe()
