@@ -321,6 +321,7 @@ def test_traffic_writes_do_not_ring_the_commit_signal(registry: Registry, tmp_pa
         registry.queue_stale("legal")
         while (queued := registry.next_reevaluation()) is not None:
             registry.finish_reevaluation(queued.id, error="not run in this test")
+        registry.requeue_interrupted()
         registry.prune_samples(now=datetime.now(UTC) + timedelta(days=8))
         assert rings == ["ring"]
     finally:
