@@ -13,7 +13,7 @@ import nats
 
 from serving.artifact_source import build_manifest, file_object, manifest_object, upload
 from serving.nats_layout import ensure_layout
-from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.fleet import COLD_START_S, LocalFleet, register_served_task, unique_task, wait_until
 from testbed.tiny_model import build_tiny_adapter, build_tiny_model
 
 TEXTS = ["Der Mieter kündigt.", "Wer haftet?"]
@@ -70,7 +70,7 @@ def test_worker_fetches_verifies_and_reuses_its_cache(tmp_path: Path) -> None:
         weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
         sidecar.stop()
         sidecar.start()
-        wait_until(lambda: _call(fleet, task).status_code == 200, timeout_s=60)
+        wait_until(lambda: _call(fleet, task).status_code == 200, timeout_s=COLD_START_S)
         log = sidecar.log_path.read_text()
         assert "does not hash to its name" in log, fleet.logs()
         assert log.count("artifact fetched and verified") == 3, fleet.logs()
@@ -85,7 +85,7 @@ def test_worker_fetches_verifies_and_reuses_its_cache(tmp_path: Path) -> None:
         _store(fleet, delete_all)
         sidecar.stop()
         sidecar.start()
-        wait_until(lambda: _call(fleet, task).status_code == 200, timeout_s=60)
+        wait_until(lambda: _call(fleet, task).status_code == 200, timeout_s=COLD_START_S)
         log = sidecar.log_path.read_text()
         assert log.count("artifact found in the cache and verified") >= 2, fleet.logs()
         assert log.count("artifact fetched and verified") == 3, fleet.logs()
@@ -111,7 +111,9 @@ def test_bytes_that_do_not_hash_to_the_placement_are_never_loaded(tmp_path: Path
 
         _store(fleet, tamper)
         placement = register_served_task(fleet.reg, task, model, model_name="m-bad", pinned=True)
-        wait_until(lambda: "hashing to" in fleet.sidecars[0].log_path.read_text(), timeout_s=60)
+        wait_until(
+            lambda: "hashing to" in fleet.sidecars[0].log_path.read_text(), timeout_s=COLD_START_S
+        )
         # (the gateway learns from heartbeats that the worker took the task: NO_WORKER first)
         answer = wait_until(
             lambda: (a := _call(fleet, task)).status_code != 503 and a, timeout_s=30

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from registry import Registry
 from serving.client import Client
 from testbed.declared_tasks import add_task
-from testbed.fleet import free_port, unique_task, wait_until
+from testbed.fleet import COLD_START_S, free_port, unique_task, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -149,7 +149,7 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
     proc, port, control_port = _launch_up(home, log)
     try:
         gateway = f"http://127.0.0.1:{port}"
-        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
         assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
         assert httpx.get(f"http://127.0.0.1:{control_port}/healthz").status_code == 200
 
@@ -159,17 +159,14 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
         assert placed.returncode == 0, placed.stderr
         assert "placement epoch 1" in placed.stdout
 
+        # The worker's runtime starts cold (torch, then the model): the request goes once the
+        # placement is reported served.
+        status = _converged(home)
         with Client(gateway, max_retries=40) as client:
             vectors = client.embed(task, ["hallo welt", "zweiter satz"])
         assert vectors.shape == (2, 32)
-
-        def converged() -> dict[str, object]:
-            fleet = json.loads(_cli(home, "placement", "ls", "--json").stdout)
-            return next((p for p in fleet["placements"] if p["converged"]), {})
-
-        status = wait_until(converged, timeout_s=20)
         assert status["task"] == task and status["pinned"] and status["desired_epoch"] == 1
-        assert list(status["reported"].values()) == [1]  # type: ignore[attr-defined]
+        assert list(status["reported"].values()) == [1]
         table = _cli(home, "placement", "ls").stdout  # the human view renders too
         assert "desired" in table and "worker" in table
         children = _descendants(proc.pid)
@@ -193,6 +190,17 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
     assert not (home / "run" / "stack.json").exists()
 
 
+def _converged(home: Path) -> dict[str, Any]:
+    """The first placement every worker reports at its desired epoch (`placement ls`), once
+    there is one: a cold start's wait."""
+
+    def converged() -> dict[str, Any]:
+        fleet = json.loads(_cli(home, "placement", "ls", "--json").stdout)
+        return next((p for p in fleet["placements"] if p["converged"]), {})
+
+    return wait_until(converged, timeout_s=COLD_START_S, every_s=0.5)
+
+
 def _nats_server_pid(root: int) -> int | None:
     for pid in _descendants(root):
         try:
@@ -213,7 +221,8 @@ def test_up_restarts_nats_server_after_it_dies(tmp_path: Path, tiny_model_path: 
     proc, port, _ = _launch_up(home, log)
     try:
         gateway = f"http://127.0.0.1:{port}"
-        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=40)
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
+        _converged(home)
         with Client(gateway, max_retries=60) as client:
             assert client.embed(task, "vorher").shape == (1, 32)
             first = wait_until(lambda: _nats_server_pid(proc.pid), timeout_s=5)

@@ -32,7 +32,13 @@ from testbed.faults.injectors import (
     wait_holding,
 )
 from testbed.faults.reference import Reference
-from testbed.fleet import LocalFleet, register_served_task, unique_task, wait_until
+from testbed.fleet import (
+    COLD_START_S,
+    LocalFleet,
+    register_served_task,
+    unique_task,
+    wait_until,
+)
 
 LIMIT = 2048
 WORDS = [
@@ -194,7 +200,7 @@ def kill_sidecar_under_load(
         wait_holding(fleet, victim, task)
         window = kill_sidecar(victim, restart=restart)
         if restart:
-            wait_until(lambda: holds_loop(fleet, victim.worker_id, task), timeout_s=60)
+            wait_until(lambda: holds_loop(fleet, victim.worker_id, task), timeout_s=COLD_START_S)
         return window.close()
 
     client = _client(fleet, task, reference, load)
@@ -218,7 +224,7 @@ def kill_runtime_under_load(
         freeze_runtime(victim)  # so that the sidecar surely holds requests when it dies
         wait_holding(fleet, victim, task)
         window = kill_runtime(victim)
-        wait_until(lambda: holds_loop(fleet, victim.worker_id, task), timeout_s=90)
+        wait_until(lambda: holds_loop(fleet, victim.worker_id, task), timeout_s=COLD_START_S)
         return window.close()
 
     client = _client(fleet, task, reference, load)

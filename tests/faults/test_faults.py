@@ -13,7 +13,7 @@ import pytest
 
 from testbed.faults import scenarios as sc
 from testbed.faults.reference import Reference
-from testbed.fleet import LocalFleet, register_served_task, unique_task
+from testbed.fleet import COLD_START_S, LocalFleet, register_served_task, unique_task
 from testbed.tiny_model import build_tiny_model
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
@@ -123,7 +123,7 @@ def test_memory_budget_full_evicts_and_loses_nothing(
                 for s in fleet.sidecars
                 for t in tasks
             ),
-            timeout_s=40,
+            timeout_s=COLD_START_S,
         )
         run = sc.memory_pressure(fleet, tasks, keys, load)
         assert_kept_the_promise(run, load.calls)
