@@ -24,7 +24,7 @@ from evals.suites import declare
 from registry import Registry
 from registry.entities import AgreementSummary, TrainingRecord
 from serving.client import Client
-from testbed.fleet import wait_until
+from testbed.fleet import COLD_START_S, wait_until
 from testbed.production import (
     UpStack,
     classification_folder,
@@ -92,6 +92,10 @@ def _seed(home: Path, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
 
 
 @pytest.mark.slow  # a whole fleet: two sidecars with their runtimes, re-evaluation subprocesses
+# Each re-evaluation is a `taskfleet eval run` subprocess, ~20 CPU-s of it imports (torch,
+# transformers, sentence-transformers, sklearn): the live runs waited 150 and 170 s here in a
+# make test on a slow day (TASKFLEET_WAIT_LOG), and the test took 513 s of pytest's 600 s.
+@pytest.mark.timeout(1200)
 def test_shadow_feedback_live_split_and_reevaluation_through_taskfleet_up(
     tmp_path: Path,
 ) -> None:
@@ -103,7 +107,9 @@ def test_shadow_feedback_live_split_and_reevaluation_through_taskfleet_up(
         with taskfleet_up(home, tmp_path / "up.log", "--workers", "2") as stack:
             gateway = stack.gateway
             # The shadow runs beside the champion, on the other worker.
-            wait_until(lambda: shadows_serving(reg, (TASK, RERANK)), timeout_s=90, every_s=0.5)
+            wait_until(
+                lambda: shadows_serving(reg, (TASK, RERANK)), timeout_s=COLD_START_S, every_s=0.5
+            )
 
             rows = labelled_texts(folders[TASK])
             ranked = ranked_queries(folders[RERANK])
@@ -181,7 +187,7 @@ def test_shadow_feedback_live_split_and_reevaluation_through_taskfleet_up(
                 RERANK: (("ra", "rb"), QUERIES, "ndcg_at_10"),
             }
             for task, (pair, items, metric) in checks.items():
-                runs = wait_until(lambda: live_runs(reg, task, pair), timeout_s=300, every_s=1.0)  # noqa: B023
+                runs = wait_until(lambda: live_runs(reg, task, pair), timeout_s=600, every_s=1.0)  # noqa: B023
                 assert reg.live_counts(task) == (items, 0)  # recorded once each, all in the version
                 live = reg.get_suite(f"{task}-suite")
                 counted = "items" if task == TASK else "queries"

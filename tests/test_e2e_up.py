@@ -124,7 +124,7 @@ def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
         with (tmp_path / "quiet.log").open("wb") as log:
             proc, _, control_port = _launch_up(home, log, "--no-reevaluate", workers=0)
             try:
-                wait_until(lambda: leading(control_port), timeout_s=60)
+                wait_until(lambda: leading(control_port), timeout_s=COLD_START_S)
                 time.sleep(5 * 2.0)  # five production ticks (taskfleet/production.py TICK_S)
                 assert reg.list_reevaluations(task) == []
                 assert proc.poll() is None, (tmp_path / "quiet.log").read_text()[-2000:]
@@ -133,7 +133,7 @@ def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
         with (tmp_path / "default.log").open("wb") as log:
             proc, _, control_port = _launch_up(home, log, workers=0)
             try:
-                queued = wait_until(lambda: reg.list_reevaluations(task), timeout_s=60)
+                queued = wait_until(lambda: reg.list_reevaluations(task), timeout_s=COLD_START_S)
                 assert queued[0].candidate == "tiny" and "no eval run" in queued[0].reason
             finally:
                 _stop(proc)
