@@ -413,12 +413,18 @@ def test_stats_memory_and_unload_free() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_sigterm_exits_cleanly() -> None:
+def test_sigterm_exits_cleanly_and_the_libraries_came_before_listening() -> None:
     proc, sock = start_server()
     try:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert not sock.exists()
+        assert proc.stderr is not None
+        log = proc.stderr.read().decode()
+        # A listening runtime has its model libraries: a lazy model's first load does not
+        # import them in a request's time (serving/runtime/server.py, import_model_libraries).
+        imported, listening = log.find("model libraries imported"), log.find("listening on")
+        assert 0 <= imported < listening, log
     finally:
         stop_server(proc, sock)
 
