@@ -86,7 +86,9 @@ def test_request_queued_behind_a_long_batch_is_dropped_not_computed(
     fleet.serving(task, placement.epoch)
     assert fleet.nats is not None
     clause = "der vermieter kann das mietverhältnis kündigen "
-    long_texts = [f"§ {i} " + clause * 40 for i in range(384)]
+    # 192 texts of 256 tokens: 12 passes of --max-batch-tokens. CI ran one such pass in 8.2 s
+    # (a starved machine), so the long request gets 300 s; the short one waits behind the rest.
+    long_texts = [f"§ {i} " + clause * 40 for i in range(192)]
 
     async def long_batch_sent() -> None:
         # A lone request is sent at once, so the short one could reach the runtime before the
@@ -101,8 +103,8 @@ def test_request_queued_behind_a_long_batch_is_dropped_not_computed(
         _publish_and_collect(
             fleet.nats.url,
             task,
-            [(long_texts, 120_000), (["kurze frage"], 1_500)],
-            wait_s=120,
+            [(long_texts, 300_000), (["kurze frage"], 1_500)],
+            wait_s=300,
             after_first=long_batch_sent,
         )
     )
