@@ -47,6 +47,7 @@ from serving.protocol import (
 )
 from serving.publisher import publish_everything
 from testbed.declared_tasks import add_task
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.nats_fixture import running_nats
 
 T = TypeVar("T")
@@ -316,7 +317,7 @@ def sync_gateway(
     published = loop.run(publish_registry(registry, nats_url))
     deadline = time.monotonic() + timeout_s
     while True:
-        response = httpx.get(f"{url}/readyz")
+        response = httpx.get(f"{url}/readyz", timeout=HTTP_TIMEOUT_S)
         seen = response.json().get("view", {}).get("revisions", {})
         if response.status_code == 200 and all(seen.get(b, 0) >= n for b, n in published.items()):
             return
@@ -327,7 +328,7 @@ def sync_gateway(
 
 def wait_ready(url: str, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
-    while httpx.get(f"{url}/readyz").status_code != 200:
+    while httpx.get(f"{url}/readyz", timeout=HTTP_TIMEOUT_S).status_code != 200:
         if time.monotonic() > deadline:
             raise RuntimeError(f"gateway at {url} never became ready")
         time.sleep(0.05)

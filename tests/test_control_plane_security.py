@@ -39,6 +39,7 @@ from serving.artifact_source import build_manifest
 from serving.embedded_nats import free_port
 from serving.httpserver import BindRefused, allowed_hosts, check_bind, http_config
 from testbed.declared_tasks import add_task, declare_suite
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.conftest import REPO
 from tests.evalrun_fixture import record_run
 from tests.test_dashboard_pages import (
@@ -477,18 +478,36 @@ def test_forwarded_headers_are_believed_only_from_configured_proxies(seeded: Reg
     with served(create_app(seeded)) as url:
         for i in range(10):
             forged = {**wrong, "X-Forwarded-For": f"203.0.113.{i}"}
-            assert httpx.get(f"{url}/api/v1/tasks", headers=forged).status_code == 401
-        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "198.51.100.1"})
+            assert (
+                httpx.get(f"{url}/api/v1/tasks", headers=forged, timeout=HTTP_TIMEOUT_S).status_code
+                == 401
+            )
+        r = httpx.get(
+            f"{url}/api/v1/tasks",
+            headers={**right, "X-Forwarded-For": "198.51.100.1"},
+            timeout=HTTP_TIMEOUT_S,
+        )
         assert r.status_code == 429, r.text
 
     # Behind a configured proxy (here: loopback), the forwarded client is the one counted.
     with served(create_app(seeded), forwarded_allow_ips="127.0.0.1") as url:
         for _ in range(10):
             forged = {**wrong, "X-Forwarded-For": "203.0.113.7"}
-            assert httpx.get(f"{url}/api/v1/tasks", headers=forged).status_code == 401
-        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "203.0.113.7"})
+            assert (
+                httpx.get(f"{url}/api/v1/tasks", headers=forged, timeout=HTTP_TIMEOUT_S).status_code
+                == 401
+            )
+        r = httpx.get(
+            f"{url}/api/v1/tasks",
+            headers={**right, "X-Forwarded-For": "203.0.113.7"},
+            timeout=HTTP_TIMEOUT_S,
+        )
         assert r.status_code == 429
-        r = httpx.get(f"{url}/api/v1/tasks", headers={**right, "X-Forwarded-For": "203.0.113.8"})
+        r = httpx.get(
+            f"{url}/api/v1/tasks",
+            headers={**right, "X-Forwarded-For": "203.0.113.8"},
+            timeout=HTTP_TIMEOUT_S,
+        )
         assert r.status_code == 200, r.text
 
 

@@ -25,7 +25,7 @@ from registry import Registry
 from registry.entities import TrainingRecord
 from serving.client import Client
 from serving.runtime.model_folder import ModelSpec
-from testbed.fleet import free_port, wait_until
+from testbed.fleet import HTTP_TIMEOUT_S, free_port, wait_until
 from testbed.tiny_model import build_tiny_adapter, build_tiny_head, build_tiny_model
 from tests.beir_fixture import build_beir
 from tests.kinds_fixture import build_classification, build_rerank
@@ -136,7 +136,9 @@ def test_three_kinds_on_one_base_through_taskfleet_up(tmp_path: Path) -> None:
 
         # /v1/classify in the TEI/infinity shape, raw HTTP.
         r = httpx.post(
-            f"{gateway}/v1/classify", json={"model": "classification-task", "input": TEXTS}
+            f"{gateway}/v1/classify",
+            json={"model": "classification-task", "input": TEXTS},
+            timeout=HTTP_TIMEOUT_S,
         )
         assert r.status_code == 200, r.text
         rows = r.json()["data"]
@@ -147,9 +149,15 @@ def test_three_kinds_on_one_base_through_taskfleet_up(tmp_path: Path) -> None:
                 [got[label] for label in labelled.labels], probabilities, atol=1e-6
             )
         # A body of the wrong kind, or the wrong endpoint for a task's kind: one clear 400.
-        r = httpx.post(f"{gateway}/v1/tasks/rerank-task", json={"inputs": ["x"]})
+        r = httpx.post(
+            f"{gateway}/v1/tasks/rerank-task", json={"inputs": ["x"]}, timeout=HTTP_TIMEOUT_S
+        )
         assert r.status_code == 400 and "unknown field(s) 'inputs'" in r.json()["error"]["message"]
-        r = httpx.post(f"{gateway}/v1/embeddings", json={"model": "rerank-task", "input": "x"})
+        r = httpx.post(
+            f"{gateway}/v1/embeddings",
+            json={"model": "rerank-task", "input": "x"},
+            timeout=HTTP_TIMEOUT_S,
+        )
         assert r.status_code == 400 and "call POST /v1/rerank" in r.json()["error"]["message"]
 
         # `taskfleet call` for each kind, as a user checks a task by hand.

@@ -24,7 +24,7 @@ from evals.suites import declare
 from registry import Registry
 from registry.entities import AgreementSummary, TrainingRecord
 from serving.client import Client
-from testbed.fleet import COLD_START_S, wait_until
+from testbed.fleet import COLD_START_S, HTTP_TIMEOUT_S, wait_until
 from testbed.production import (
     UpStack,
     classification_folder,
@@ -121,7 +121,10 @@ def test_shadow_feedback_live_split_and_reevaluation_through_taskfleet_up(
             # Bad feedback: one documented 4xx each, in the one error shape.
             def feedback(body: dict[str, object], key: str = keys["app"]) -> httpx.Response:
                 return httpx.post(
-                    f"{gateway}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}
+                    f"{gateway}/v1/feedback",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=HTTP_TIMEOUT_S,
                 )
 
             mine, theirs, label, bad = keys["app"], keys["other"], LABELS[0], "BAD_REQUEST"

@@ -19,7 +19,7 @@ import pytest
 from registry import Registry
 from serving.client import Client
 from testbed.declared_tasks import add_task
-from testbed.fleet import COLD_START_S, free_port, unique_task, wait_until
+from testbed.fleet import COLD_START_S, HTTP_TIMEOUT_S, free_port, unique_task, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -116,7 +116,9 @@ def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
 
     def leading(control_port: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):
-            health = httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()
+            health = httpx.get(
+                f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
+            ).json()
             return bool(health.get("publisher") == "leader")
         return False
 
@@ -151,7 +153,12 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
         gateway = f"http://127.0.0.1:{port}"
         wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
         assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
-        assert httpx.get(f"http://127.0.0.1:{control_port}/healthz").status_code == 200
+        assert (
+            httpx.get(
+                f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
+            ).status_code
+            == 200
+        )
 
         # No eval run here: a local admin places the first champion by override, pinned; the
         # publisher that `up` runs publishes it.
@@ -273,10 +280,14 @@ def test_up_with_a_three_node_nats_cluster(tmp_path: Path) -> None:
                 await nc.close()
 
         assert asyncio.run(replicas()) == 3
-        health = httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()
+        health = httpx.get(
+            f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
+        ).json()
         wait_until(
             lambda: (
-                httpx.get(f"http://127.0.0.1:{control_port}/healthz").json()["publisher"]
+                httpx.get(
+                    f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
+                ).json()["publisher"]
                 == "leader"
             ),
             timeout_s=30,

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from serving.gateway import GatewaySettings
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import Stack, nats_and_gateway, stream_messages
 
 JSON = {"Content-Type": "application/json"}
@@ -40,7 +41,9 @@ def _assert_bad_request(response: httpx.Response) -> None:
 )
 def test_lone_surrogate_in_json_task_body_is_400(stack: Stack, raw: bytes) -> None:
     task = stack.task(worker=True)
-    response = httpx.post(f"{stack.url}/v1/tasks/{task}", content=raw, headers=JSON)
+    response = httpx.post(
+        f"{stack.url}/v1/tasks/{task}", content=raw, headers=JSON, timeout=HTTP_TIMEOUT_S
+    )
     _assert_bad_request(response)
     assert stack.loop.run(stream_messages(stack.nats_url, task)) == 0
 
@@ -48,10 +51,14 @@ def test_lone_surrogate_in_json_task_body_is_400(stack: Stack, raw: bytes) -> No
 def test_lone_surrogate_in_openai_body_is_400(stack: Stack) -> None:
     task = stack.task(worker=True)
     raw = b'{"model": "%s", "input": ["fine", "bad \\ud83d"]}' % task.encode()
-    response = httpx.post(f"{stack.url}/v1/embeddings", content=raw, headers=JSON)
+    response = httpx.post(
+        f"{stack.url}/v1/embeddings", content=raw, headers=JSON, timeout=HTTP_TIMEOUT_S
+    )
     _assert_bad_request(response)
     raw = b'{"model": "%s\\ud800", "input": "x"}' % task.encode()
-    response = httpx.post(f"{stack.url}/v1/embeddings", content=raw, headers=JSON)
+    response = httpx.post(
+        f"{stack.url}/v1/embeddings", content=raw, headers=JSON, timeout=HTTP_TIMEOUT_S
+    )
     assert response.status_code in (400, 404), response.text
     assert stack.loop.run(stream_messages(stack.nats_url, task)) == 0
 
@@ -64,6 +71,7 @@ def test_invalid_utf8_in_msgpack_string_is_400(stack: Stack) -> None:
         f"{stack.url}/v1/tasks/{task}",
         content=body,
         headers={"Content-Type": "application/msgpack"},
+        timeout=HTTP_TIMEOUT_S,
     )
     _assert_bad_request(response)
     # A surrogate smuggled into msgpack as "UTF-8" (CESU-style) is invalid UTF-8 too.
@@ -72,5 +80,6 @@ def test_invalid_utf8_in_msgpack_string_is_400(stack: Stack) -> None:
         f"{stack.url}/v1/tasks/{task}",
         content=body,
         headers={"Content-Type": "application/msgpack"},
+        timeout=HTTP_TIMEOUT_S,
     )
     _assert_bad_request(response)

@@ -32,6 +32,7 @@ from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
 from serving.publisher import PlacementPublisher
 from testbed.declared_tasks import add_task, declare_suite
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import (
     BackgroundLoop,
     Stack,
@@ -136,7 +137,10 @@ def test_a_gateway_without_the_directory_says_it_is_not_ready(
                 wait_ready(url)
                 headers = {"Authorization": "Bearer tfk_abcd_secret"} if auth else {}
                 response = httpx.post(
-                    f"{url}/v1/tasks/anything", json={"inputs": ["x"]}, headers=headers
+                    f"{url}/v1/tasks/anything",
+                    json={"inputs": ["x"]},
+                    headers=headers,
+                    timeout=HTTP_TIMEOUT_S,
                 )
                 assert response.status_code == 503, response.text
                 error = response.json()["error"]
@@ -148,7 +152,9 @@ def test_a_gateway_without_the_directory_says_it_is_not_ready(
         with serve_app(create_gateway(nats_server.url, settings)) as url:
             wait_ready(url)
             sync_gateway(url, registry, nats_server.url, loop)
-            response = httpx.post(f"{url}/v1/tasks/anything", json={"inputs": ["x"]})
+            response = httpx.post(
+                f"{url}/v1/tasks/anything", json={"inputs": ["x"]}, timeout=HTTP_TIMEOUT_S
+            )
             assert response.status_code == 404
     finally:
         loop.close()
@@ -200,7 +206,7 @@ def test_taskfleet_gateway_runs_with_a_nats_url_only(
         deadline = time.monotonic() + 60
         while True:
             try:
-                httpx.get(f"{url}/healthz")
+                httpx.get(f"{url}/healthz", timeout=HTTP_TIMEOUT_S)
                 break
             except httpx.HTTPError:
                 assert proc.poll() is None, "taskfleet gateway exited"

@@ -17,6 +17,7 @@ import pytest
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from serving.protocol import ErrorInfo, PayloadRef
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import DIMS, Stack, expected_embedding, gateway_stack, stream_messages
 from tests.nats_fixture import running_nats
 
@@ -41,7 +42,12 @@ def stack(nats_server: EmbeddedNats, tmp_path_factory: pytest.TempPathFactory) -
 
 def post_msgpack(url: str, task: str, body: object, **headers: str) -> httpx.Response:
     data = msgpack.packb(body, use_bin_type=True)
-    return httpx.post(f"{url}/v1/tasks/{task}", content=data, headers={**MSGPACK, **headers})
+    return httpx.post(
+        f"{url}/v1/tasks/{task}",
+        content=data,
+        headers={**MSGPACK, **headers},
+        timeout=HTTP_TIMEOUT_S,
+    )
 
 
 def error_of(response: httpx.Response) -> dict[str, object]:
@@ -60,7 +66,7 @@ def test_unknown_task_is_404(stack: Stack) -> None:
 
 
 def test_unknown_route_uses_the_error_shape(stack: Stack) -> None:
-    response = httpx.get(f"{stack.url}/v1/nothing")
+    response = httpx.get(f"{stack.url}/v1/nothing", timeout=HTTP_TIMEOUT_S)
     assert response.status_code == 404
     assert error_of(response)["code"] == "NOT_FOUND"
 
@@ -110,7 +116,10 @@ def test_malformed_requests_are_400_and_never_queued(
 ) -> None:
     task = stack.task(worker=True)
     response = httpx.post(
-        f"{stack.url}/v1/tasks/{task}", content=body, headers={"Content-Type": content_type}
+        f"{stack.url}/v1/tasks/{task}",
+        content=body,
+        headers={"Content-Type": content_type},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert response.status_code == 400, case
     assert error_of(response)["code"] == "BAD_REQUEST"
@@ -120,7 +129,10 @@ def test_malformed_requests_are_400_and_never_queued(
 def test_unsupported_media_type_is_415(stack: Stack) -> None:
     task = stack.task(worker=True)
     response = httpx.post(
-        f"{stack.url}/v1/tasks/{task}", content=b"hello", headers={"Content-Type": "text/plain"}
+        f"{stack.url}/v1/tasks/{task}",
+        content=b"hello",
+        headers={"Content-Type": "text/plain"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert response.status_code == 415
     assert stack.loop.run(stream_messages(stack.nats_url, task)) == 0
@@ -191,7 +203,9 @@ def test_json_request_gets_json_and_a_single_string_is_one_input(stack: Stack) -
     task = stack.task()
     peer = stack.responder(task)
     try:
-        response = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": "one query"})
+        response = httpx.post(
+            f"{stack.url}/v1/tasks/{task}", json={"inputs": "one query"}, timeout=HTTP_TIMEOUT_S
+        )
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["embeddings"] == [expected_embedding("one query", "query")]
@@ -224,7 +238,7 @@ def test_worker_errors_keep_their_code(stack: Stack) -> None:
 
 
 def duplicate_count(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=HTTP_TIMEOUT_S).text.splitlines():
         if line.startswith("taskfleet_gateway_duplicate_replies_total"):
             return float(line.split()[-1])
     raise AssertionError("duplicate replies counter missing from /metrics")
@@ -236,7 +250,9 @@ def test_duplicate_replies_are_dropped(stack: Stack) -> None:
     try:
         before = duplicate_count(stack.url)
         for text in ["first", "second text"]:
-            response = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": [text]})
+            response = httpx.post(
+                f"{stack.url}/v1/tasks/{task}", json={"inputs": [text]}, timeout=HTTP_TIMEOUT_S
+            )
             assert response.json()["embeddings"] == [expected_embedding(text, "query")]
         deadline = time.monotonic() + 5
         while duplicate_count(stack.url) < before + 2:
@@ -295,20 +311,26 @@ def test_openai_client_against_the_gateway(stack: Stack) -> None:
         assert result.model == task and result.usage.total_tokens > 0
         floats = client.embeddings.create(model=task, input="gamma", encoding_format="float")
         assert floats.data[0].embedding == expected_embedding("gamma", "query")
-        response = httpx.post(f"{stack.url}/v1/embeddings", json={"model": task, "input": []})
+        response = httpx.post(
+            f"{stack.url}/v1/embeddings", json={"model": task, "input": []}, timeout=HTTP_TIMEOUT_S
+        )
         assert response.status_code == 400
-        response = httpx.post(f"{stack.url}/v1/embeddings", json={"model": "nope", "input": "x"})
+        response = httpx.post(
+            f"{stack.url}/v1/embeddings",
+            json={"model": "nope", "input": "x"},
+            timeout=HTTP_TIMEOUT_S,
+        )
         assert response.status_code == 404
     finally:
         stack.loop.run(peer.stop())
 
 
 def test_health_readiness_and_metrics(stack: Stack) -> None:
-    assert httpx.get(f"{stack.url}/healthz").status_code == 200
-    assert httpx.get(f"{stack.url}/readyz").json()["nats"] is True
+    assert httpx.get(f"{stack.url}/healthz", timeout=HTTP_TIMEOUT_S).status_code == 200
+    assert httpx.get(f"{stack.url}/readyz", timeout=HTTP_TIMEOUT_S).json()["nats"] is True
     task = stack.task(placed=False)
     post_msgpack(stack.url, task, {"inputs": ["x"]})
-    text = httpx.get(f"{stack.url}/metrics").text
+    text = httpx.get(f"{stack.url}/metrics", timeout=HTTP_TIMEOUT_S).text
     line = f'taskfleet_gateway_requests_total{{code="NOT_PLACED",status="503",task="{task}"}} 1.0'
     assert line in text
     assert "taskfleet_gateway_request_seconds_bucket" in text

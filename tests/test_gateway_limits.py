@@ -22,6 +22,7 @@ from registry.limits import DEFAULT_MAX_TEXT_CHARS
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from testbed.declared_tasks import add_task, declare_suite
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import Stack, gateway_stack, stream_messages
 from tests.nats_fixture import running_nats
 
@@ -83,7 +84,10 @@ def test_a_text_above_the_default_limit_is_413_and_never_queued(stack: Stack) ->
         assert f"[1]' has {DEFAULT_MAX_TEXT_CHARS + 1} characters" in message, message
         assert f"at most {DEFAULT_MAX_TEXT_CHARS}" in message and "max_text_chars" in message
     msgpacked = httpx.post(
-        f"{stack.url}/v1/tasks/{task}", content=msgpack.packb({"inputs": long}), headers=MSGPACK
+        f"{stack.url}/v1/tasks/{task}",
+        content=msgpack.packb({"inputs": long}),
+        headers=MSGPACK,
+        timeout=HTTP_TIMEOUT_S,
     )
     assert "'inputs[0]'" in too_large(msgpacked)
     assert stack.loop.run(stream_messages(stack.nats_url, task)) == 0
@@ -205,6 +209,7 @@ def test_absurd_header_values_are_400(stack: Stack, header: str, value: str) -> 
         f"{stack.url}/v1/tasks/{task}",
         content=msgpack.packb({"inputs": ["x"]}),
         headers={**MSGPACK, header: value},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert response.status_code == 400, response.text
     error = error_of(response)

@@ -17,6 +17,7 @@ import pytest
 from serving.client import Client
 from serving.gateway import GatewaySettings, create_gateway
 from serving.gateway.quotas import Quotas
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import (
     Stack,
     consumer_exists,
@@ -71,12 +72,15 @@ def _post(stack: Stack, task: str, token: str, **headers: str) -> httpx.Response
         f"{stack.url}/v1/tasks/{task}",
         content=body,
         headers={**MSGPACK, "Authorization": f"Bearer {token}", **headers},
+        timeout=HTTP_TIMEOUT_S,
     )
 
 
 def _scrape(stack: Stack) -> str:
     response = httpx.get(
-        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"}
+        f"{stack.url}/metrics",
+        headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert response.status_code == 200, response.text
     return response.text
@@ -198,6 +202,7 @@ def test_a_keys_token_quota_is_charged_by_estimated_tokens(stack: Stack) -> None
             f"{stack.url}/v1/tasks/{task}",
             content=msgpack.packb({"inputs": texts}),
             headers={**MSGPACK, "Authorization": f"Bearer {key}"},
+            timeout=HTTP_TIMEOUT_S,
         )
 
     try:
@@ -248,13 +253,15 @@ def test_metrics_need_the_scrape_token(stack: Stack) -> None:
     stack.sync()
     url = f"{stack.url}/metrics"
     for headers in ({}, {"Authorization": f"Bearer {key}"}, {"Authorization": "Bearer wrong"}):
-        refused = httpx.get(url, headers=headers)
+        refused = httpx.get(url, headers=headers, timeout=HTTP_TIMEOUT_S)
         assert refused.status_code == 401, refused.text
         assert refused.json()["error"]["code"] == "UNAUTHENTICATED"
         assert "taskfleet_" not in refused.text
     assert "taskfleet_gateway_requests_total" in _scrape(stack)
     # With auth on and no token configured, /metrics is off and says how to turn it on.
     with serve_app(create_gateway(stack.nats_url, GatewaySettings(require_auth=True))) as bare:
-        off = httpx.get(f"{bare}/metrics", headers={"Authorization": f"Bearer {key}"})
+        off = httpx.get(
+            f"{bare}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=HTTP_TIMEOUT_S
+        )
         assert off.status_code == 403, off.text
         assert "--metrics-token" in off.json()["error"]["message"]

@@ -15,13 +15,14 @@ import pytest
 from serving.embedded_nats import EmbeddedNats, free_port
 from serving.gateway import GatewaySettings, create_gateway
 from serving.gateway.headers import HEADER_TIMEOUT
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import Stack, expected_embedding, gateway_stack, serve_app
 from tests.nats_fixture import nats_available
 
 
 def wait_for_status(url: str, status: int, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
-    while httpx.get(f"{url}/readyz").status_code != status:
+    while httpx.get(f"{url}/readyz", timeout=HTTP_TIMEOUT_S).status_code != status:
         assert time.monotonic() < deadline, f"/readyz never answered {status}"
         time.sleep(0.1)
 
@@ -51,12 +52,16 @@ def served_over_nats(
 @pytest.mark.skipif(not nats_available(), reason="nats-server binary not installed")
 def test_gateway_survives_a_nats_restart(tmp_path: Path) -> None:
     with served_over_nats(tmp_path, workers_refresh_s=0) as (server, stack, task):
-        first = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]})
+        first = httpx.post(
+            f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]}, timeout=HTTP_TIMEOUT_S
+        )
         assert first.json()["embeddings"] == [expected_embedding("before", "query")]
 
         server.stop()
         wait_for_status(stack.url, 503)
-        down = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["x"]})
+        down = httpx.post(
+            f"{stack.url}/v1/tasks/{task}", json={"inputs": ["x"]}, timeout=HTTP_TIMEOUT_S
+        )
         assert down.status_code == 503
         assert down.json()["error"]["code"] == "QUEUE_UNAVAILABLE"
         assert int(down.headers["Retry-After"]) > 0
@@ -65,7 +70,9 @@ def test_gateway_survives_a_nats_restart(tmp_path: Path) -> None:
         wait_for_status(stack.url, 200)
         deadline = time.monotonic() + 20
         while True:
-            again = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["after"]})
+            again = httpx.post(
+                f"{stack.url}/v1/tasks/{task}", json={"inputs": ["after"]}, timeout=HTTP_TIMEOUT_S
+            )
             if again.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)  # the peer's heartbeat may lag the gateway's reconnect
@@ -79,8 +86,8 @@ def test_gateway_started_before_nats_becomes_ready_when_it_comes_up(tmp_path: Pa
     try:
         app = create_gateway(server.url, GatewaySettings(require_auth=False))
         with serve_app(app) as url:
-            assert httpx.get(f"{url}/healthz").status_code == 200
-            not_ready = httpx.get(f"{url}/readyz")
+            assert httpx.get(f"{url}/healthz", timeout=HTTP_TIMEOUT_S).status_code == 200
+            not_ready = httpx.get(f"{url}/readyz", timeout=HTTP_TIMEOUT_S)
             assert not_ready.status_code == 503
             assert not_ready.json()["error"]["code"] == "NOT_READY"
             server.start()
@@ -96,7 +103,9 @@ def test_a_stalled_jetstream_that_never_acks_is_a_retryable_503(tmp_path: Path) 
     # the caller did is wrong and nothing ran: retry later, not a final 504.
     # The live workers are read once and kept: the stall meets the publish, not that read.
     with served_over_nats(tmp_path, workers_refresh_s=60) as (server, stack, task):
-        first = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]})
+        first = httpx.post(
+            f"{stack.url}/v1/tasks/{task}", json={"inputs": ["before"]}, timeout=HTTP_TIMEOUT_S
+        )
         assert first.status_code == 200, first.text
         assert server.pid is not None
         os.kill(server.pid, signal.SIGSTOP)

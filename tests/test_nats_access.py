@@ -29,6 +29,7 @@ from serving.control import STATUS_LEADER, ControlLoops
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings, create_gateway
 from taskfleet.stack import SidecarProcess, find_sidecar_binary
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import BackgroundLoop, open_registry, serve_app, wait_ready
 from tests.nats_fixture import nats_available
 
@@ -206,7 +207,9 @@ def test_control_loops_gateway_and_sidecar_pass_credentials_and_tls(
         settings = GatewaySettings(require_auth=False, workers_refresh_s=0)
         with serve_app(create_gateway(options, settings)) as url:
             wait_ready(url)
-            assert httpx.get(f"{url}/readyz").json()["view"]["directory_published"]
+            assert httpx.get(f"{url}/readyz", timeout=HTTP_TIMEOUT_S).json()["view"][
+                "directory_published"
+            ]
         sidecar.start()
 
         async def beats() -> set[str]:

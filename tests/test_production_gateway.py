@@ -20,6 +20,7 @@ from serving import protocol as p
 from serving.embedded_nats import EmbeddedNats
 from serving.gateway import GatewaySettings
 from serving.sample_records import decode_feedback, decode_sample
+from testbed.fleet import HTTP_TIMEOUT_S
 from tests.gateway_fixture import Stack, beat, gateway_stack
 from tests.nats_fixture import running_nats
 from tests.test_registry import make_model_dir
@@ -90,6 +91,7 @@ def test_a_sampled_request_is_kept_copied_to_the_shadow_and_takes_feedback_once(
                 f"{stack.url}/v1/tasks/{task}",
                 json={"inputs": [f"frage {n}", "zweite frage"]},
                 headers={**auth, "Accept": "application/json"},
+                timeout=HTTP_TIMEOUT_S,
             )
             assert r.status_code == 200 and r.headers["X-Taskfleet-Sampled"] == "1", r.text
             ids.append(r.headers["X-Request-Id"])
@@ -97,6 +99,7 @@ def test_a_sampled_request_is_kept_copied_to_the_shadow_and_takes_feedback_once(
             f"{stack.url}/v1/tasks/{task}",
             json={"inputs": ["ein absatz"], "kind": "passage"},
             headers=auth,
+            timeout=HTTP_TIMEOUT_S,
         ).headers["X-Request-Id"]
 
         kept = stack.loop.run(_stream(stack.nats_url, "SAMPLES", f"samples.{task}.>"))
@@ -119,7 +122,10 @@ def test_a_sampled_request_is_kept_copied_to_the_shadow_and_takes_feedback_once(
 
         def feedback(body: dict[str, object], key: str = mine) -> httpx.Response:
             return httpx.post(
-                f"{stack.url}/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}
+                f"{stack.url}/v1/feedback",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=HTTP_TIMEOUT_S,
             )
 
         first = feedback({"request_id": ids[0], "relevant_ids": ["d1", "d2"], "index": 1})
@@ -163,13 +169,23 @@ def test_sample_zero_keeps_nothing_and_feedback_ends_with_the_retention(stack: S
     stack.sync()
     try:
         for n in range(5):  # no sample rate set: the default, 0
-            r = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": [f"q{n}"]}, headers=auth)
+            r = httpx.post(
+                f"{stack.url}/v1/tasks/{task}",
+                json={"inputs": [f"q{n}"]},
+                headers=auth,
+                timeout=HTTP_TIMEOUT_S,
+            )
             assert r.status_code == 200 and "X-Taskfleet-Sampled" not in r.headers
         assert stack.loop.run(_stream(stack.nats_url, "SAMPLES", f"samples.{task}.>")) == []
 
         reg.set_production_settings(task, sample_rate=1.0, retention_days=2 / 86400)  # 2 s
         stack.sync()
-        r = httpx.post(f"{stack.url}/v1/tasks/{task}", json={"inputs": ["spät"]}, headers=auth)
+        r = httpx.post(
+            f"{stack.url}/v1/tasks/{task}",
+            json={"inputs": ["spät"]},
+            headers=auth,
+            timeout=HTTP_TIMEOUT_S,
+        )
         request_id = r.headers["X-Request-Id"]
         assert r.headers["X-Taskfleet-Sampled"] == "1"
         time.sleep(3.5)  # the stream deletes the sampled inputs with their TTL
@@ -178,6 +194,7 @@ def test_sample_zero_keeps_nothing_and_feedback_ends_with_the_retention(stack: S
             f"{stack.url}/v1/feedback",
             json={"request_id": request_id, "relevant_ids": ["d1"]},
             headers=auth,
+            timeout=HTTP_TIMEOUT_S,
         )
         assert (late.status_code, late.json()["error"]["code"]) == (404, "UNKNOWN_REQUEST")
     finally:

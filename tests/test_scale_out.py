@@ -16,6 +16,7 @@ import pytest
 from serving.client import Client
 from testbed.declared_tasks import add_task
 from testbed.fleet import (
+    HTTP_TIMEOUT_S,
     LocalFleet,
     register_served_task,
     register_test_adapter,
@@ -135,12 +136,15 @@ def test_a_request_stamped_with_a_newer_epoch_waits_for_it(tmp_path: Path) -> No
         assert set(not_yet) <= {"NOT_READY"}, not_yet
         # A plain request after that is stamped by the gateway itself (it has answered from
         # epoch 2): never epoch 1 again.
-        answer = httpx.post(f"{fleet.gateway_url}/v1/tasks/{task}", json={"inputs": ["y"]})
+        answer = httpx.post(
+            f"{fleet.gateway_url}/v1/tasks/{task}", json={"inputs": ["y"]}, timeout=HTTP_TIMEOUT_S
+        )
         assert int(answer.headers["X-Taskfleet-Epoch"]) == second.epoch
         bad = httpx.post(
             f"{fleet.gateway_url}/v1/tasks/{task}",
             json={"inputs": ["y"]},
             headers={"X-Taskfleet-Min-Epoch": "soon"},
+            timeout=HTTP_TIMEOUT_S,
         )
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "BAD_REQUEST"
 
