@@ -473,41 +473,26 @@ def test_forwarded_headers_are_believed_only_from_configured_proxies(seeded: Reg
     wrong = {"Authorization": f"Bearer tfk_{prefix}_wrong"}
     right = {"Authorization": f"Bearer {good}"}
 
+    def tasks(url: str, headers: dict[str, str]) -> httpx.Response:
+        return httpx.get(f"{url}/api/v1/tasks", headers=headers, timeout=HTTP_TIMEOUT_S)
+
     # No proxy configured: a local client naming another X-Forwarded-For on each attempt is
     # still one client (uvicorn's default believed loopback peers, so it stepped around).
     with served(create_app(seeded)) as url:
         for i in range(10):
             forged = {**wrong, "X-Forwarded-For": f"203.0.113.{i}"}
-            assert (
-                httpx.get(f"{url}/api/v1/tasks", headers=forged, timeout=HTTP_TIMEOUT_S).status_code
-                == 401
-            )
-        r = httpx.get(
-            f"{url}/api/v1/tasks",
-            headers={**right, "X-Forwarded-For": "198.51.100.1"},
-            timeout=HTTP_TIMEOUT_S,
-        )
+            assert tasks(url, forged).status_code == 401
+        r = tasks(url, {**right, "X-Forwarded-For": "198.51.100.1"})
         assert r.status_code == 429, r.text
 
     # Behind a configured proxy (here: loopback), the forwarded client is the one counted.
     with served(create_app(seeded), forwarded_allow_ips="127.0.0.1") as url:
         for _ in range(10):
             forged = {**wrong, "X-Forwarded-For": "203.0.113.7"}
-            assert (
-                httpx.get(f"{url}/api/v1/tasks", headers=forged, timeout=HTTP_TIMEOUT_S).status_code
-                == 401
-            )
-        r = httpx.get(
-            f"{url}/api/v1/tasks",
-            headers={**right, "X-Forwarded-For": "203.0.113.7"},
-            timeout=HTTP_TIMEOUT_S,
-        )
+            assert tasks(url, forged).status_code == 401
+        r = tasks(url, {**right, "X-Forwarded-For": "203.0.113.7"})
         assert r.status_code == 429
-        r = httpx.get(
-            f"{url}/api/v1/tasks",
-            headers={**right, "X-Forwarded-For": "203.0.113.8"},
-            timeout=HTTP_TIMEOUT_S,
-        )
+        r = tasks(url, {**right, "X-Forwarded-For": "203.0.113.8"})
         assert r.status_code == 200, r.text
 
 
