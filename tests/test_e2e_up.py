@@ -102,6 +102,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
         return proc.wait()
 
 
+def _healthz(control_port: int) -> httpx.Response:
+    """The control plane's /healthz on loopback."""
+    return httpx.get(f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S)
+
+
 def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
@@ -116,10 +121,7 @@ def test_no_reevaluate_leaves_an_unevaluated_champion_to_serve_alone(
 
     def leading(control_port: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):
-            health = httpx.get(
-                f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
-            ).json()
-            return bool(health.get("publisher") == "leader")
+            return bool(_healthz(control_port).json().get("publisher") == "leader")
         return False
 
     try:
@@ -153,12 +155,7 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
         gateway = f"http://127.0.0.1:{port}"
         wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
         assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
-        assert (
-            httpx.get(
-                f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
-            ).status_code
-            == 200
-        )
+        assert _healthz(control_port).status_code == 200
 
         # No eval run here: a local admin places the first champion by override, pinned; the
         # publisher that `up` runs publishes it.
@@ -280,18 +277,8 @@ def test_up_with_a_three_node_nats_cluster(tmp_path: Path) -> None:
                 await nc.close()
 
         assert asyncio.run(replicas()) == 3
-        health = httpx.get(
-            f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
-        ).json()
-        wait_until(
-            lambda: (
-                httpx.get(
-                    f"http://127.0.0.1:{control_port}/healthz", timeout=HTTP_TIMEOUT_S
-                ).json()["publisher"]
-                == "leader"
-            ),
-            timeout_s=30,
-        )
+        health = _healthz(control_port).json()
+        wait_until(lambda: _healthz(control_port).json()["publisher"] == "leader", timeout_s=30)
         assert health["nats"] == ",".join(urls)
         servers = [p for p in _descendants(proc.pid) if _exe(p) == "nats-server"]
         assert len(servers) == 3
