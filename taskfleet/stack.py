@@ -476,6 +476,9 @@ async def run_stack(
                 sidecars.append(sidecar)
 
         await _wait_started(servers)
+        await _wait_runtimes(sidecars, stop)
+        if stop.is_set():  # Ctrl-C while the runtimes started: never say ready
+            return
         gateway_url = f"http://{config.host}:{config.port}"
         on_ready(
             StackUrls(
@@ -523,6 +526,65 @@ async def _wait_started(servers: list[QuietServer], timeout_s: float = 30.0) -> 
         if time.monotonic() > deadline:
             raise StackError("the HTTP servers did not start in time")
         await asyncio.sleep(0.05)
+
+
+# How long `up` waits for its workers' runtimes before it says it is ready all the same: the
+# sidecar's own `--runtime-start-timeout-ms` default, after which it starts the runtime again.
+RUNTIMES_UP_TIMEOUT_S = 120.0
+
+
+def runtime_up(metrics_addr: str) -> bool:
+    """Whether a sidecar's runtime is connected: its /metrics says `taskfleet_sidecar_runtime_up
+    1` (the runtime answered `hello`, so it has imported its model libraries)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"http://{metrics_addr}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return False
+    return re.search(r"^taskfleet_sidecar_runtime_up 1$", text, flags=re.M) is not None
+
+
+async def _wait_runtimes(
+    sidecars: list[SidecarProcess],
+    stop: asyncio.Event,
+    timeout_s: float = RUNTIMES_UP_TIMEOUT_S,
+    poll_s: float = 0.25,
+) -> None:
+    """Wait until every worker's runtime is up, so that `up` says it is ready (stack.json, its
+    URLs) only when a request can be run: a Python runtime imports sentence-transformers before
+    it listens (15 CPU-s here, 50 s of wall time on a starved machine), and a first request
+    sent before that waited for it inside its deadline. Bounded: past ``timeout_s`` (or for a
+    sidecar that exited, which `supervise` starts again) `up` goes on, and says which worker
+    is not up; its tasks' requests wait in the queue until it is."""
+    waiting = [s for s in sidecars if s.metrics_addr]
+    if not waiting:
+        return
+    log.info(
+        "waiting for %d worker runtime(s) to start (each imports its model libraries first)",
+        len(waiting),
+    )
+    started = time.monotonic()
+    while waiting and not stop.is_set():
+        up = await asyncio.gather(
+            *(asyncio.to_thread(runtime_up, str(s.metrics_addr)) for s in waiting)
+        )
+        waiting = [s for s, is_up in zip(waiting, up, strict=True) if not is_up and s.running()]
+        if not waiting:
+            log.info("worker runtimes up in %.1f s", time.monotonic() - started)
+            return
+        if time.monotonic() - started > timeout_s:
+            for s in waiting:
+                log.warning(
+                    "worker %s: runtime not up after %.0f s (see %s); starting anyway, its "
+                    "tasks' requests wait in the queue until it is",
+                    s.worker_id,
+                    timeout_s,
+                    s.log_path,
+                )
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), poll_s)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from evals.suites import SuiteSpec
 from registry import Registry
 from registry.entities import AgreementSummary, EvalRun
 from serving.client import Classification, Client, Scores
-from testbed.fleet import free_port, wait_until
+from testbed.fleet import COLD_START_S, free_port, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,8 @@ def taskfleet_up(
     )
     try:
         wait_until(
-            lambda: (home / "run" / "stack.json").is_file() or not stack.alive(), timeout_s=90
+            lambda: (home / "run" / "stack.json").is_file() or not stack.alive(),
+            timeout_s=COLD_START_S,  # `up` is ready once its workers' runtimes are
         )
         if not stack.alive():
             raise RuntimeError(f"taskfleet up exited:\n{stack.log_tail()}")

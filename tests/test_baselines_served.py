@@ -24,7 +24,7 @@ from serving.runtime.baseline_artifact import load_baseline
 from serving.runtime.lexical import Bm25, TfidfLogReg
 from taskfleet.baseline_builder import fit_baseline
 from taskfleet.suite_registration import ensure_suite
-from testbed.fleet import free_port, wait_until
+from testbed.fleet import COLD_START_S, free_port, wait_until
 from testbed.gerlayqa import SHARED_DATA
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def gateway(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=90)
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

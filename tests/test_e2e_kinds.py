@@ -25,7 +25,7 @@ from registry import Registry
 from registry.entities import TrainingRecord
 from serving.client import Client
 from serving.runtime.model_folder import ModelSpec
-from testbed.fleet import HTTP_TIMEOUT_S, free_port, wait_until
+from testbed.fleet import COLD_START_S, HTTP_TIMEOUT_S, free_port, wait_until
 from testbed.tiny_model import build_tiny_adapter, build_tiny_head, build_tiny_model
 from tests.beir_fixture import build_beir
 from tests.kinds_fixture import build_classification, build_rerank
@@ -103,7 +103,7 @@ def test_three_kinds_on_one_base_through_taskfleet_up(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         gateway = f"http://127.0.0.1:{port}"
-        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=60)
+        wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
         with Client(gateway, max_retries=60) as client:
             vectors = client.embed("retrieval-task", TEXTS)
             scores = client.rerank("rerank-task", QUERY, DOCUMENTS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,8 +155,14 @@ def test_up_serves_publishes_and_stops_cleanly(tmp_path: Path, tiny_model_path: 
     try:
         gateway = f"http://127.0.0.1:{port}"
         wait_until(lambda: (home / "run" / "stack.json").is_file(), timeout_s=COLD_START_S)
-        assert json.loads((home / "run" / "stack.json").read_text())["gateway"] == gateway
+        state = json.loads((home / "run" / "stack.json").read_text())
+        assert state["gateway"] == gateway
         assert _healthz(control_port).status_code == 200
+        # `up` says it is ready once its worker's runtime is: a first request waits for its
+        # model, not for the runtime's imports (the gateway's metrics come first).
+        for url in state["metrics"][1:]:
+            text = httpx.get(url, timeout=HTTP_TIMEOUT_S).text
+            assert re.search(r"^taskfleet_sidecar_runtime_up 1$", text, flags=re.M), text
 
         # No eval run here: a local admin places the first champion by override, pinned; the
         # publisher that `up` runs publishes it.
