@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -369,6 +369,19 @@ class LocalFleet:
             return done if len(done) >= need else []
 
         return wait_until(probe, timeout_s=timeout_s)
+
+    def ready_for(self, tasks: Iterable[str], timeout_s: float = COLD_START_S) -> None:
+        """Wait until every worker's runtime is up (its heartbeat names one) and it runs a loop
+        for each of ``tasks``: all a lazy placement shows before its first request (a pinned
+        one shows :meth:`serving`). A request sent sooner waits for the runtime's start, its
+        imports included, inside its own deadline."""
+        want = set(tasks)
+
+        def ready(worker_id: str) -> bool:
+            beat = self.heartbeat(worker_id)
+            return beat is not None and bool(beat.runtimes) and want <= set(beat.queue_depth)
+
+        wait_until(lambda: all(ready(s.worker_id) for s in self.sidecars), timeout_s=timeout_s)
 
     def gateway_nats_node(self) -> int:
         """Which node of the NATS cluster the gateway is connected to now."""

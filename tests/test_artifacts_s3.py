@@ -183,6 +183,7 @@ def test_a_wrong_signature_is_refused_and_nothing_is_loaded(
         sidecar.start()
         task = unique_task("s3bad")
         register_served_task(fleet.reg, task, model, pinned=False)
+        fleet.ready_for([task])
 
         def failed() -> httpx.Response | None:
             r = _call(fleet, task)

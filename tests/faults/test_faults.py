@@ -13,7 +13,7 @@ import pytest
 
 from testbed.faults import scenarios as sc
 from testbed.faults.reference import Reference
-from testbed.fleet import COLD_START_S, LocalFleet, register_served_task, unique_task
+from testbed.fleet import LocalFleet, register_served_task, unique_task
 from testbed.tiny_model import build_tiny_model
 
 SIDECAR_ARGS = ["--heartbeat-ms", "300", "--nak-delay-ms", "200", "--max-batch-wait-ms", "2"]
@@ -117,14 +117,7 @@ def test_memory_budget_full_evicts_and_loses_nothing(
             reference = Reference(model)
             reference.prepare(load.texts())
             tasks[task], keys[task] = reference, sc.served_model_key(fleet, f"m-{task}")
-        sc.wait_until(
-            lambda: all(
-                t in (beat.queue_depth if (beat := fleet.heartbeat(s.worker_id)) else {})
-                for s in fleet.sidecars
-                for t in tasks
-            ),
-            timeout_s=COLD_START_S,
-        )
+        fleet.ready_for(tasks)
         run = sc.memory_pressure(fleet, tasks, keys, load)
         assert_kept_the_promise(run, load.calls)
         assert run.notes["evictions"] >= 2, run.row()
