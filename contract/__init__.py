@@ -1,10 +1,11 @@
 """The rules Python and the Rust sidecar share, read from the one declared file ``shared.toml``.
 
 Task names, the NATS objects (streams, the per-task consumer, KV buckets, object stores,
-subjects), the headers of queue messages and the error codes with their HTTP status and
-retryability are declared there, not here: this module reads the file once, at import, into
-frozen records, and refuses it whole (an unknown key, a missing one, a wrong type) so a typo
-fails every process and every test at once instead of one role quietly disagreeing.
+subjects), the headers of queue messages, the workers' runtime start timeout and the error
+codes with their HTTP status and retryability are declared there, not here: this module reads
+the file once, at import, into frozen records, and refuses it whole (an unknown key, a missing
+one, a wrong type) so a typo fails every process and every test at once instead of one role
+quietly disagreeing.
 
 It imports nothing of taskfleet: the registry, httpapi, serving and the clients all read it.
 """
@@ -149,6 +150,11 @@ class Headers:
 
 
 @dataclass(frozen=True)
+class Worker:
+    runtime_start_timeout_s: float
+
+
+@dataclass(frozen=True)
 class CodeRule:
     status: int
     retryable: bool
@@ -203,6 +209,7 @@ class Contract:
     task_name: TaskNameRule
     nats: Nats
     headers: Headers
+    worker: Worker
     error_codes: dict[str, CodeRule]  # in the file's order (the order docs/protocol.md lists)
 
 
@@ -212,7 +219,7 @@ def read(text: str) -> Contract:
         declared = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ContractError(f"{SOURCE}: {exc}") from exc
-    sections = {"task_name", "nats", "headers", "error_codes"}
+    sections = {"task_name", "nats", "headers", "worker", "error_codes"}
     if set(declared) != sections:
         raise ContractError(f"{SOURCE}: sections {sorted(declared)}, expected {sorted(sections)}")
     codes = declared["error_codes"]
@@ -222,6 +229,7 @@ def read(text: str) -> Contract:
         task_name=_build(TaskNameRule, declared["task_name"], "task_name"),
         nats=_build(Nats, declared["nats"], "nats"),
         headers=_build(Headers, declared["headers"], "headers"),
+        worker=_build(Worker, declared["worker"], "worker"),
         error_codes={
             code: _build(CodeRule, rule, f"error_codes.{code}") for code, rule in codes.items()
         },
@@ -237,5 +245,6 @@ DECLARED = read(declared_text())
 TASK_NAME: TaskNameRule = DECLARED.task_name
 NATS: Nats = DECLARED.nats
 HEADERS: Headers = DECLARED.headers
+WORKER: Worker = DECLARED.worker
 ERROR_CODES: dict[str, CodeRule] = DECLARED.error_codes
 SOCKET_CODES: frozenset[str] = frozenset(c for c, rule in ERROR_CODES.items() if rule.socket)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+import contract
 from serving.connection import NatsTarget, nats_options
 from serving.httpserver import http_config
 
@@ -529,8 +530,9 @@ async def _wait_started(servers: list[QuietServer], timeout_s: float = 30.0) -> 
 
 
 # How long `up` waits for its workers' runtimes before it says it is ready all the same: the
-# sidecar's own `--runtime-start-timeout-ms` default, after which it starts the runtime again.
-RUNTIMES_UP_TIMEOUT_S = 120.0
+# sidecar's own `--runtime-start-timeout-ms` default (both read it from contract/shared.toml),
+# after which it starts the runtime again.
+RUNTIMES_UP_TIMEOUT_S = contract.WORKER.runtime_start_timeout_s
 
 
 def runtime_up(metrics_addr: str) -> bool:

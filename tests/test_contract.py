@@ -22,6 +22,7 @@ from registry.errors import InvalidInput
 from registry.kinds import check_name
 from serving import nats_layout as layout
 from serving import protocol
+from taskfleet import stack
 from taskfleet.stack import find_sidecar_binary
 from tests.conftest import REPO
 
@@ -195,6 +196,20 @@ def test_the_sidecar_reads_the_declared_file_as_python_does() -> None:
     default, a name) shows up here."""
     python = json.loads(json.dumps(dataclasses.asdict(contract.DECLARED)))
     assert _sidecar_reading()["contract"] == python
+
+
+def test_up_waits_for_runtimes_as_long_as_the_sidecar_does() -> None:
+    """`taskfleet up` says it is ready after every runtime is up, or after the time a sidecar
+    gives its runtime to start: the flag's default is the declared value, as is up's wait."""
+    binary = find_sidecar_binary()
+    done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    flag = done.stdout[done.stdout.index("--runtime-start-timeout-ms") :]
+    default = re.search(r"\[default: (\d+)\]", flag.split("\n  -", 1)[0])
+    assert default, flag[:400]
+    declared_s = contract.WORKER.runtime_start_timeout_s
+    assert int(default[1]) == round(declared_s * 1000)
+    assert declared_s == stack.RUNTIMES_UP_TIMEOUT_S  # what `up` waits
 
 
 def test_the_sidecar_builds_the_jetstream_objects_python_builds() -> None:

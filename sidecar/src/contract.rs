@@ -1,7 +1,8 @@
 //! The rules the sidecar shares with the Python roles, read from the one declared file
 //! `contract/shared.toml` (compiled in, parsed once on first use): the task-name rule, the NATS
-//! streams, per-task consumer, buckets and object stores, the headers of queue messages, and
-//! the error codes with their retryability. No module writes one of these values by hand.
+//! streams, per-task consumer, buckets and object stores, the headers of queue messages, the
+//! runtime start timeout, and the error codes with their retryability. No module writes one of
+//! these values by hand.
 //!
 //! The file is refused whole (an unknown key, a missing one, a wrong type or value), like
 //! contract/__init__.py does: `cargo test` fails on it before any binary ships.
@@ -37,6 +38,7 @@ pub struct Contract {
     pub task_name: TaskNameRule,
     pub nats: Nats,
     pub headers: Headers,
+    pub worker: Worker,
     pub error_codes: BTreeMap<String, CodeRule>,
 }
 
@@ -236,6 +238,20 @@ pub struct Headers {
     pub min_epoch: String,
     pub key: String,
     pub error: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Worker {
+    /// How long a runtime may take from its start to answering `hello` (the default of
+    /// `--runtime-start-timeout-ms`).
+    pub runtime_start_timeout_s: f64,
+}
+
+impl Worker {
+    pub fn runtime_start_timeout_ms(&self) -> u64 {
+        seconds(self.runtime_start_timeout_s).as_millis() as u64
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -150,11 +150,12 @@ struct Cli {
     #[arg(long, env = "TASKFLEET_RUNTIME_SOCKET")]
     runtime_socket: Option<PathBuf>,
 
-    /// How long a runtime may take from start to answering `hello`.
+    /// How long a runtime may take from start to answering `hello` (default: contract/shared.toml
+    /// `[worker] runtime_start_timeout_s`).
     #[arg(
         long,
         env = "TASKFLEET_RUNTIME_START_TIMEOUT_MS",
-        default_value_t = 120_000
+        default_value_t = contract::declared().worker.runtime_start_timeout_ms()
     )]
     runtime_start_timeout_ms: u64,
 
