@@ -567,23 +567,24 @@ async def _wait_runtimes(
         len(waiting),
     )
     started = time.monotonic()
-    exited: list[SidecarProcess] = []
+    exited = 0
     while waiting and not stop.is_set():
         up = await asyncio.gather(
             *(asyncio.to_thread(runtime_up, str(s.metrics_addr)) for s in waiting)
         )
-        down = [s for s, is_up in zip(waiting, up, strict=True) if not is_up]
-        waiting = [s for s in down if s.running()]
+        down, waiting = [s for s, is_up in zip(waiting, up, strict=True) if not is_up], []
         for s in down:
-            if not s.running():
-                exited.append(s)
+            if s.running():
+                waiting.append(s)
+            else:
+                exited += 1
                 log.warning("worker %s exited before its runtime was up (see %s)", s.worker_id,
                             s.log_path)  # fmt: skip
         if not waiting:
             log.info(
                 "worker runtimes up in %.1f s%s",
                 time.monotonic() - started,
-                f" (not waited for: {len(exited)} that exited)" if exited else "",
+                f" (not waited for: {exited} that exited)" if exited else "",
             )
             return
         if time.monotonic() - started > timeout_s:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from taskfleet.stack import SidecarProcess, _wait_runtimes, find_sidecar_binary, runtime_up
+from taskfleet.stack import SidecarProcess, _wait_runtimes, find_sidecar_binary
 from testbed.fleet import free_port, wait_until
 
 # The sidecar's /metrics answers within this (it starts in well under a second when idle).
@@ -40,23 +41,24 @@ def silent_worker(
     sidecar.start()
     try:
         addr = str(sidecar.metrics_addr)
-        wait_until(
-            lambda: _metrics_answer(addr) or not sidecar.running(),
-            METRICS_UP_S,
-        )
+        # Up and serving /metrics, whose gauge says the runtime is not: a wait that follows is
+        # on the runtime, not on the sidecar's own start.
+        wait_until(lambda: _runtime_down(addr) or not sidecar.running(), METRICS_UP_S)
         assert sidecar.running(), sidecar.log_tail()
         yield sidecar
     finally:
         sidecar.stop()
 
 
-def _metrics_answer(addr: str) -> bool:
+def _runtime_down(addr: str) -> bool:
+    """The sidecar's /metrics answers and says `taskfleet_sidecar_runtime_up 0`."""
     import httpx
 
     try:
-        return httpx.get(f"http://{addr}/metrics", timeout=2.0).status_code == 200
+        text = httpx.get(f"http://{addr}/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return False
+    return re.search(r"^taskfleet_sidecar_runtime_up 0$", text, flags=re.M) is not None
 
 
 def _wait(sidecars: list[SidecarProcess], stop: asyncio.Event | None = None, **kw: Any) -> float:
@@ -71,7 +73,7 @@ def _wait(sidecars: list[SidecarProcess], stop: asyncio.Event | None = None, **k
 def test_past_its_bound_up_goes_on_and_names_the_worker_and_its_log(
     silent_worker: SidecarProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert not runtime_up(str(silent_worker.metrics_addr))
+    assert _runtime_down(str(silent_worker.metrics_addr))
     with caplog.at_level(logging.INFO, logger="taskfleet.up"):
         took = _wait([silent_worker], timeout_s=1.5, poll_s=0.1)
     assert took >= 1.5
